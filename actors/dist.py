@@ -1,0 +1,44 @@
+"""torch.distributed / DeepSpeed process-group set-up, shared by every worker (gloo on CPU, NCCL on GPU)."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def extensions_dir() -> str:
+    """A project-owned folder for DeepSpeed's C++ op builds, so they are compiled once and stale locks are ours."""
+    root = os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
+    return os.path.join(root, "torch_extensions")
+
+
+def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:
+    """A process killed mid-compile leaves `lock` behind and every later build waits on it forever."""
+    import time
+    for dirpath, _, files in os.walk(folder):
+        if "lock" in files:
+            path = os.path.join(dirpath, "lock")
+            if time.time() - os.path.getmtime(path) > max_age_s:
+                os.remove(path)
+
+
+def init_deepspeed_distributed(rank: int, world_size: int, master_port: Optional[int]) -> None:
+    """Join (or create) the default process group through DeepSpeed, which needs the env:// variables even for
+    one process (otherwise it looks for mpi4py)."""
+    import deepspeed
+    import torch
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    os.makedirs(os.environ["TORCH_EXTENSIONS_DIR"], exist_ok=True)
+    clear_stale_locks(os.environ["TORCH_EXTENSIONS_DIR"])
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank) if not torch.cuda.is_available() else "0",
+                      WORLD_SIZE=str(world_size), MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                      MASTER_PORT=str(master_port or os.environ.get("MASTER_PORT") or free_port()))
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")

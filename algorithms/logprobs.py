@@ -1,0 +1,34 @@
+"""Per-token log-probabilities and entropy from logits."""
+from __future__ import annotations
+
+import torch
+
+_CHUNK_ROWS = 1024  # rows of (B*T, V) processed at once, to bound the fp32 working set for large vocabularies
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[label] per token.
+
+    logits (B, T, V) any float dtype; labels (B, T) int64 -> (B, T) fp32.
+    Computed as logit[label] - logsumexp(logits) in row chunks upcast to fp32, so a full fp32 copy of bf16
+    (B, T, V) logits is never materialised at once.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    out = torch.empty(flat_labels.shape, dtype=torch.float32, device=logits.device)
+    for start in range(0, flat_logits.shape[0], _CHUNK_ROWS):
+        rows = flat_logits[start:start + _CHUNK_ROWS].float()
+        picked = rows.gather(-1, flat_labels[start:start + _CHUNK_ROWS].unsqueeze(-1)).squeeze(-1)
+        out[start:start + _CHUNK_ROWS] = picked - torch.logsumexp(rows, dim=-1)
+    return out.view(labels.shape)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per token: logits (B, T, V) -> (B, T) fp32. H = logsumexp(z) - sum softmax(z) z."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, flat.shape[0], _CHUNK_ROWS):
+        rows = flat[start:start + _CHUNK_ROWS].float()
+        probs = torch.softmax(rows, dim=-1)
+        out[start:start + _CHUNK_ROWS] = torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1)
+    return out.view(logits.shape[:-1])

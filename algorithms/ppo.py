@@ -1,0 +1,60 @@
+"""PPO losses: the clipped policy surrogate (with dual clip and truncated importance sampling) and the clipped
+value loss."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from algorithms.common import aggregate_loss, masked_mean
+
+_LOG_RATIO_CLAMP = 20.0
+
+
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
+                rollout_logprobs: Optional[torch.Tensor] = None, tis_cap: Optional[float] = None,
+                agg: str = "token-mean", normalizer: Optional[float] = None) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate (Schulman et al. 2017), all inputs (B, T), mask bool.
+
+    ratio = pi/pi_old;  L = max(-A ratio, -A clip(ratio, 1 - clip_low, 1 + clip_high))  (asymmetric "clip-higher",
+    DAPO, Yu et al. 2025). dual_clip = c > 1 caps the loss of negative-advantage tokens at -c A (Ye et al. 2020).
+    rollout_logprobs + tis_cap weight each token by min(pi_old / pi_rollout, tis_cap), the truncated importance
+    sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025). `normalizer`: see aggregate_loss.
+    Returns (loss, metrics with clip fraction, approximate KL to pi_old and mean ratio).
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
+    if rollout_logprobs is not None and tis_cap is not None:
+        weight = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP)).clamp(max=tis_cap)
+        loss_mat = loss_mat * weight.detach()
+    loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer)
+    metrics = {
+        "policy/clip_frac": masked_mean((clipped > unclipped).float(), mask).detach(),
+        "policy/approx_kl": masked_mean(0.5 * log_ratio.square(), mask).detach(),
+        "policy/ratio_mean": masked_mean(ratio, mask).detach(),
+    }
+    return loss, metrics
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: Optional[float] = 0.2, normalizer: Optional[float] = None) -> tuple[torch.Tensor, dict]:
+    """Clipped value loss (PPO2 baselines): 1/2 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2),
+    token-mean over mask. All inputs (B, T). clip=None disables clipping."""
+    err = (values - returns).square()
+    if clip is not None:
+        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+        err_clipped = (clipped_values - returns).square()
+        loss_mat = 0.5 * torch.maximum(err, err_clipped)
+        clip_frac = masked_mean((err_clipped > err).float(), mask)
+    else:
+        loss_mat, clip_frac = 0.5 * err, torch.zeros(())
+    loss = aggregate_loss(loss_mat, mask, "token-mean", normalizer=normalizer)
+    return loss, {"critic/clip_frac": clip_frac.detach(), "critic/values_mean": masked_mean(values, mask).detach()}

@@ -1,0 +1,1 @@
+"""rlhf: config, controller, data, checkpoints, logging and the command-line entry point."""

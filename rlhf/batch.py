@@ -1,0 +1,47 @@
+"""Batches as plain dicts of tensors: building them from token ids, and splitting/concatenating along dim 0."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> Batch:
+    """Right-padded prompt+completion rows.
+
+    Returns input_ids (B, L), attention_mask (B, L) and, aligned with the *shifted* targets input_ids[:, 1:],
+    `loss_mask` (B, L-1) bool that is true on completion tokens.
+    """
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        ids[i, :len(s)] = torch.tensor(s)
+        attn[i, :len(s)] = 1
+        loss_mask[i, len(p) - 1:len(s) - 1] = True
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
+
+
+def split_batch(batch: Batch, n_chunks: int) -> list[Batch]:
+    """Split every tensor along dim 0 into `n_chunks` equal parts (rows must divide evenly)."""
+    rows = len(next(iter(batch.values())))
+    if rows % n_chunks:
+        raise ValueError(f"cannot split {rows} rows into {n_chunks} equal chunks")
+    size = rows // n_chunks
+    return [{k: v[i * size:(i + 1) * size] for k, v in batch.items()} for i in range(n_chunks)]
+
+
+def concat_batches(batches: Sequence[Batch]) -> Batch:
+    """Inverse of split_batch (right-pads dim 1 where widths differ, with 0/False)."""
+    out = {}
+    for key in batches[0]:
+        parts = [b[key] for b in batches]
+        width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
+        if width is not None:
+            parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
+        out[key] = torch.cat(parts)
+    return out

@@ -1,0 +1,266 @@
+"""Typed run configuration: dataclasses loaded as an OmegaConf structured config, plus one validate().
+
+`load_config(path, overrides)` merges the dataclass defaults, the YAML file and `key=value` overrides, turns every
+OmegaConf/YAML failure into a `UserError` that names the file, line and dotted key, and then runs `validate()`,
+which reports every cross-field problem at once. The user's values are never rewritten.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from rlhf.errors import UserError
+from rlhf.tasks import TASKS
+
+STAGES = ("sft",)
+DTYPES = ("float32", "bfloat16", "float16")
+ARCHS = ("qwen2", "llama")
+
+
+@dataclass
+class TinyModelConfig:
+    """A randomly initialised model built locally when `model.path` is unset (nothing can be downloaded)."""
+
+    arch: str = "qwen2"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 256
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # a local Hugging Face folder; unset = build the tiny model into <output_dir>
+    dtype: str = "float32"
+    trust_remote_code: bool = False
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class DataConfig:
+    task: Optional[str] = "sort"  # a built-in synthetic task, or null to read train_path/eval_path
+    train_path: Optional[str] = None  # JSONL, Parquet, or a `datasets` folder saved with save_to_disk
+    eval_path: Optional[str] = None
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    chosen_key: str = "chosen"  # preference data (reward model, DPO)
+    rejected_key: str = "rejected"
+    num_train: int = 4096  # synthetic tasks only
+    num_eval: int = 64
+    min_items: int = 3  # sort: how many numbers; add: how many digits per operand
+    max_items: int = 5
+    max_value: int = 99  # sort only: numbers are drawn from [0, max_value]
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-3
+    batch_size: int = 32  # sequences per optimizer step, over all ranks
+    micro_batch_size: int = 8  # sequences per forward pass on one rank
+    max_steps: int = 100
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    zero_stage: int = 0
+
+
+@dataclass
+class RewardConfig:
+    fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
+
+
+@dataclass
+class EvalConfig:
+    every: int = 50  # steps between evaluations; 0 = only before and after training
+    max_new_tokens: int = 32
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb_project: Optional[str] = None  # logs to W&B when set and wandb is installed
+    console_every: int = 10
+
+
+@dataclass
+class RunConfig:
+    stage: str = "sft"
+    output_dir: str = "runs/default"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def load_config(path: Optional[str], overrides: list[str] = ()) -> RunConfig:
+    """Defaults <- YAML file <- dotted overrides, then validate(); any problem raises UserError."""
+    merged = OmegaConf.structured(RunConfig)
+    if path is not None:
+        merged = _merge(merged, _load_yaml(path), source=path, lines=_key_lines(path))
+    merged = _merge(merged, _parse_overrides(overrides), source="command-line override", lines={})
+    cfg = OmegaConf.to_object(merged)
+    problems = validate(cfg)
+    if problems:
+        where = f" in {path}" if path else ""
+        raise UserError(f"{len(problems)} problem(s) in the config{where}:\n  " + "\n  ".join(problems))
+    return cfg
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def validate(cfg: RunConfig) -> list[str]:
+    """Every cross-field problem, each as 'dotted.key = value: what is wrong. how to fix it'."""
+    p: list[str] = []
+
+    def bad(key: str, value: Any, why: str) -> None:
+        p.append(f"{key} = {value!r}: {why}")
+
+    def choice(key: str, value: Any, allowed: tuple) -> None:
+        if value not in allowed:
+            bad(key, value, f"must be one of {', '.join(map(str, allowed))}")
+
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            bad(key, value, "must be > 0")
+
+    choice("stage", cfg.stage, STAGES)
+    m, t, d, tr = cfg.model, cfg.model.tiny, cfg.data, cfg.trainer
+    choice("model.dtype", m.dtype, DTYPES)
+    if m.path is not None and not os.path.isfile(os.path.join(m.path, "config.json")):
+        bad("model.path", m.path, "no config.json there; point it at a local Hugging Face model folder, or unset it "
+            "to build the tiny model")
+    choice("model.tiny.arch", t.arch, ARCHS)
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                 "max_position_embeddings"):
+        positive(f"model.tiny.{name}", getattr(t, name))
+    if t.num_heads > 0 and t.hidden_size % t.num_heads:
+        bad("model.tiny.hidden_size", t.hidden_size, f"must be divisible by model.tiny.num_heads={t.num_heads}")
+    if t.num_kv_heads > 0 and t.num_heads % t.num_kv_heads:
+        bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
+    _validate_data(d, bad, choice, positive)
+    for name in ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip"):
+        positive(f"trainer.{name}", getattr(tr, name))
+    if tr.warmup_steps < 0 or tr.weight_decay < 0:
+        bad("trainer.warmup_steps/weight_decay", (tr.warmup_steps, tr.weight_decay), "must be >= 0")
+    if tr.micro_batch_size > 0 and tr.batch_size % tr.micro_batch_size:
+        bad("trainer.batch_size", tr.batch_size,
+            f"must be a multiple of trainer.micro_batch_size={tr.micro_batch_size}")
+    choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))
+    if cfg.reward.fn is not None and (cfg.reward.fn.count(":") != 1 or not all(cfg.reward.fn.split(":"))):
+        bad("reward.fn", cfg.reward.fn, "write it as 'package.module:function'")
+    if cfg.eval.every < 0:
+        bad("eval.every", cfg.eval.every, "must be >= 0 (0 evaluates only before and after training)")
+    positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
+    positive("logging.console_every", cfg.logging.console_every)
+    return p
+
+
+def _validate_data(d: DataConfig, bad, choice, positive) -> None:
+    if d.task is None:
+        if d.train_path is None:
+            bad("data.train_path", None, "set it to a JSONL/Parquet file or datasets folder, or set data.task "
+                f"to one of {', '.join(TASKS)}")
+    else:
+        choice("data.task", d.task, tuple(TASKS))
+        for name in ("num_train", "num_eval", "min_items", "max_value"):
+            positive(f"data.{name}", getattr(d, name))
+        if d.max_items < d.min_items:
+            bad("data.max_items", d.max_items, f"must be >= data.min_items={d.min_items}")
+    for key in ("train_path", "eval_path"):
+        path = getattr(d, key)
+        if path is not None and not os.path.exists(path):
+            bad(f"data.{key}", path, "no such file or folder")
+
+
+# ---- loading helpers: every failure becomes a UserError that names the file, line and key ----
+
+def _load_yaml(path: str) -> DictConfig:
+    if not os.path.isfile(path):
+        raise UserError(f"config file not found: {path} (pass an existing YAML file to --config, e.g. "
+                        "examples/sort_sft.yaml)")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}{line}: YAML syntax error: {getattr(e, 'problem', None) or e}") from None
+    except (UnicodeDecodeError, OmegaConfBaseException, ValueError) as e:
+        raise UserError(f"{path}: cannot read the config: {e}") from None
+    if not isinstance(loaded, DictConfig):
+        raise UserError(f"{path}: the top level must be a mapping of sections (model:, data:, trainer:, ...), "
+                        f"got {type(loaded).__name__}")
+    return loaded
+
+
+def _parse_overrides(overrides: list[str]) -> DictConfig:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise UserError(f"override {item!r} is not of the form dotted.key=value (e.g. trainer.lr=1e-4)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise UserError(f"cannot parse the overrides {list(overrides)}: {e}") from None
+
+
+def _merge(base: DictConfig, extra: DictConfig, source: str, lines: dict[str, int]) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, extra)
+    except OmegaConfBaseException as e:
+        key = e.full_key or getattr(e, "key", None) or "?"
+        where = f"{source}:{lines[key]}" if key in lines else source
+        if isinstance(e, ConfigKeyError):
+            raise UserError(f"{where}: unknown key '{key}'{_did_you_mean(key)}") from None
+        value = getattr(e, "value", None)
+        msg = str(e.msg if hasattr(e, "msg") else e).splitlines()[0]
+        raise UserError(f"{where}: {key} = {value!r}: {msg}") from None
+
+
+def _did_you_mean(dotted: str) -> str:
+    """Suggest the closest valid key at the same level of RunConfig."""
+    *parents, leaf = dotted.split(".")
+    cls: Any = RunConfig
+    for part in parents:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
+            return ""
+        cls = fields[part].default_factory
+    names = [f.name for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(leaf, names, n=1, cutoff=0.6)
+    prefix = ".".join(parents + [""]) if parents else ""
+    if close:
+        return f"; did you mean '{prefix}{close[0]}'?"
+    return f"; valid keys here: {', '.join(names)}"
+
+
+def _key_lines(path: str) -> dict[str, int]:
+    """Map each dotted key in a YAML file to its 1-based line, so errors can point at it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            root = yaml.compose(f)
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                out[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    walk(root, "")
+    return out

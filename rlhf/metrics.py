@@ -1,0 +1,84 @@
+"""Run logging: `<run_dir>/metrics.jsonl` (one object per step), TensorBoard, W&B when configured, and a console
+progress bar with a metrics line every `logging.console_every` steps."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Optional
+
+from rlhf.config import LoggingConfig
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: str, cfg: LoggingConfig, total_steps: int, config_yaml: str, desc: str = "train"):
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
+            f.write(config_yaml)
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._every = cfg.console_every
+        self._tb = self._wandb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        if cfg.wandb_project:
+            self._wandb = _start_wandb(cfg.wandb_project, run_dir)
+        from tqdm import tqdm
+        self._bar = tqdm(total=total_steps, desc=desc, file=sys.stderr, dynamic_ncols=True,
+                         disable=not sys.stderr.isatty())
+
+    def log(self, step: int, metrics: dict[str, float], advance: bool = True) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+        for k, v in row.items():
+            if k != "step" and isinstance(v, (int, float)):
+                if self._tb is not None:
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        if advance:
+            self._bar.update(1)
+        if step % self._every == 0 or any(k.startswith("eval/") for k in metrics):
+            self.console(f"step {step}: " + "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k != "step"))
+
+    def console(self, text: str) -> None:
+        self._bar.write(text, file=sys.stdout)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        self._bar.close()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _plain(v):
+    if hasattr(v, "item"):
+        v = v.item()
+    return v
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float) and math.isfinite(v):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _start_wandb(project: str, run_dir: str) -> Optional[object]:
+    try:
+        import wandb
+    except ImportError:
+        print("logging.wandb_project is set but wandb is not installed; logging to JSONL/TensorBoard only "
+              "(pip install wandb to enable it)", file=sys.stderr)
+        return None
+    return wandb.init(project=project, dir=run_dir)

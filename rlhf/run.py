@@ -1,0 +1,44 @@
+"""Command-line entry point: `python -m rlhf.run --config FILE [dotted.key=value ...]`.
+
+Bad input (config, data, reward function) ends with exit code 2 and a one-paragraph message, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlhf.config import RunConfig, load_config, to_yaml
+from rlhf.errors import UserError
+
+
+def _stage_runner(stage: str):
+    if stage == "sft":
+        from rlhf.sft import run_sft
+        return run_sft
+    raise UserError(f"stage = {stage!r} has no runner")
+
+
+def run(cfg: RunConfig):
+    return _stage_runner(cfg.stage)(cfg)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlhf.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="YAML recipe, e.g. examples/sort_sft.yaml")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. trainer.lr=1e-4")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return 0
+        run(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return UserError.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

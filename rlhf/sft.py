@@ -1,0 +1,60 @@
+"""The `sft` stage: supervised fine-tuning on prompt/answer rows, evaluated with greedy decoding, saved as a
+Hugging Face folder (`<output_dir>/final`) that a later stage's `model.path` can point to."""
+from __future__ import annotations
+
+import os
+import time
+
+from rlhf.batch import pack_sequences
+from rlhf.config import RunConfig, to_yaml
+from rlhf.data import BatchIterator, prompt_rows
+from rlhf.evaluate import evaluate
+from rlhf.metrics import MetricsLogger
+from rlhf.tiny import ensure_model
+from rollout.rewards import resolve_reward_fn
+
+
+def tokenize_sft(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompt ids, and answer ids followed by EOS (the model must learn to stop)."""
+    prompts = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in rows]
+    answers = [tokenizer(r["answer"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in rows]
+    return prompts, answers
+
+
+def run_sft(cfg: RunConfig) -> dict[str, float]:
+    """Train, evaluate before/every K steps/after, save. Returns the last metrics row."""
+    from transformers import AutoTokenizer
+
+    from actors.policy import PolicyTrainer
+    from rollout.hf_engine import HFEngine
+
+    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+    batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size, cfg.seed)
+    eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+
+    trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
+                            trust_remote_code=cfg.model.trust_remote_code)
+    engine = HFEngine(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc="sft")
+
+    def run_eval() -> dict[str, float]:
+        return evaluate(engine, tokenizer, eval_rows, reward_fn, cfg.eval.max_new_tokens)
+
+    first = run_eval()
+    logger.log(0, first, advance=False)
+    row: dict[str, float] = {}
+    for step in range(1, cfg.trainer.max_steps + 1):
+        start = time.perf_counter()
+        prompts, answers = tokenize_sft(tokenizer, batches.next())
+        row = trainer.sft_step(pack_sequences(prompts, answers, tokenizer.pad_token_id))
+        row["time/step"] = time.perf_counter() - start
+        if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
+            row.update(run_eval())
+        logger.log(step, row)
+    trainer.save_hf(os.path.join(cfg.output_dir, "final"), tokenizer)
+    logger.console(f"sft done: eval/exact_match {first['eval/exact_match']:.3f} -> {row['eval/exact_match']:.3f}, "
+                   f"model saved to {os.path.join(cfg.output_dir, 'final')}")
+    logger.close()
+    return row

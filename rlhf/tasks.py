@@ -1,0 +1,73 @@
+"""Built-in synthetic tasks with verifiable answers, generated from a seed: `sort` and `add`.
+
+Each task gives prompt/answer rows (SFT data and RL prompts) and preference pairs whose rejected side is a plausible
+mistake. Prompts look like `sort 17 203 5 88 =` -> ` 5 17 88 203`, and `add 123 + 45 =` -> ` 168`.
+"""
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlhf.config import DataConfig
+
+
+def sort_example(rng: random.Random, d: DataConfig) -> dict:
+    nums = [rng.randint(0, d.max_value) for _ in range(rng.randint(d.min_items, d.max_items))]
+    return {"prompt": "sort " + " ".join(map(str, nums)) + " =", "answer": " " + " ".join(map(str, sorted(nums)))}
+
+
+def add_example(rng: random.Random, d: DataConfig) -> dict:
+    def operand() -> int:
+        digits = rng.randint(d.min_items, d.max_items)
+        return rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits - 1)
+
+    a, b = operand(), operand()
+    return {"prompt": f"add {a} + {b} =", "answer": f" {a + b}"}
+
+
+def sort_mistake(rng: random.Random, row: dict) -> str:
+    """A wrong answer a model could plausibly give: unsorted input, a swapped pair, a dropped or repeated number."""
+    target = row["answer"].split()
+    given = row["prompt"].split()[1:-1]
+    options = []
+    if given != target:
+        options.append(given)
+    for i in range(len(target) - 1):
+        if target[i] != target[i + 1]:
+            options.append(target[:i] + [target[i + 1], target[i]] + target[i + 2:])
+    drop = rng.randrange(len(target))
+    options.append(target[:drop] + target[drop + 1:])
+    options.append(target[:drop] + [target[drop]] + target[drop:])
+    return " " + " ".join(rng.choice(options))
+
+
+def add_mistake(rng: random.Random, row: dict) -> str:
+    """A wrong sum: no carries, one digit off by one, or a dropped last digit."""
+    a, b = (int(x) for x in row["prompt"][4:-2].split(" + "))
+    right = str(a + b)
+    no_carry = int("".join(str((int(x) + int(y)) % 10) for x, y in zip(str(a).zfill(12), str(b).zfill(12))))
+    i = rng.randrange(len(right))
+    off = right[:i] + str((int(right[i]) + rng.choice((1, 9))) % 10) + right[i + 1:]
+    options = [str(no_carry), off, right[:-1] or "0"]
+    options = [o for o in options if o != right] or [str(a + b + 1)]
+    return " " + rng.choice(options)
+
+
+TASKS = {"sort": (sort_example, sort_mistake), "add": (add_example, add_mistake)}
+
+
+def make_rows(d: DataConfig, split: str, seed: int) -> list[dict]:
+    """`data.num_train` or `data.num_eval` prompt/answer rows; train and eval use different seeds."""
+    make, _ = TASKS[d.task]
+    rng = random.Random(f"{d.task}-{split}-{seed}")
+    n = d.num_train if split == "train" else d.num_eval
+    return [make(rng, d) for _ in range(n)]
+
+
+def make_preference_rows(d: DataConfig, split: str, seed: int) -> list[dict]:
+    """Rows with `prompt`, `chosen` (the correct answer) and `rejected` (a plausible mistake)."""
+    _, mistake = TASKS[d.task]
+    rng = random.Random(f"{d.task}-pref-{split}-{seed}")
+    return [{"prompt": r["prompt"], "chosen": r["answer"], "rejected": mistake(rng, r)}
+            for r in make_rows(d, split, seed)]

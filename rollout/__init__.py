@@ -1,0 +1,1 @@
+"""rollout: generation engines (vLLM, transformers), weight sync channels and reward functions."""

@@ -1,0 +1,42 @@
+"""The `RolloutEngine` protocol every generation backend implements, and the types it speaks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 32
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    n: int = 1  # samples per prompt
+    seed: int = 0
+
+
+@dataclass
+class Sample:
+    """One generated completion: token ids, the engine's per-token log-probs, and why it stopped."""
+
+    prompt_index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    rollout_logprobs: list[float]
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+        """`n` samples per prompt, in prompt order (all samples of prompt 0, then prompt 1, ...)."""
+
+    def update_weights(self, named_tensors) -> None:
+        """Load new weights (Hugging Face names) into the running engine and drop any cached KV."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory between rollouts (no-op where unsupported)."""
+
+    def wake_up(self) -> None:
+        ...
+
+    def shutdown(self) -> None:
+        ...

@@ -1,0 +1,61 @@
+"""`HFEngine`: batched transformers `generate` behind the `RolloutEngine` protocol, for hosts without vLLM."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from rollout.engine import Sample, SamplingConfig
+
+
+class HFEngine:
+    def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 64):
+        self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+        was_training = self.model.training
+        self.model.eval()
+        gen = torch.Generator().manual_seed(sampling.seed)
+        expanded = [(i, list(p)) for i, p in enumerate(prompt_ids) for _ in range(sampling.n)]
+        out = []
+        for start in range(0, len(expanded), self.batch_size):
+            out += self._generate_batch(expanded[start:start + self.batch_size], sampling, gen)
+        self.model.train(was_training)
+        return out
+
+    def _generate_batch(self, items, sampling: SamplingConfig, gen: torch.Generator) -> list[Sample]:
+        width = max(len(p) for _, p in items)
+        # Left-pad so every row's next token sits in the last column.
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p in items])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p in items])
+        greedy = sampling.temperature == 0
+        kwargs = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p}
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        res = self.model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True,
+            **kwargs)
+        new = res.sequences[:, width:]
+        # Log-probs of the processed distribution the token was drawn from (same convention as vLLM's default).
+        logps = torch.stack(res.scores, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        samples = []
+        for row, (index, prompt) in enumerate(items):
+            toks = new[row].tolist()
+            stop = self.eos_id in toks
+            length = toks.index(self.eos_id) + 1 if stop else len(toks)
+            samples.append(Sample(index, prompt, toks[:length], logps[row, :length].tolist(),
+                                  "stop" if stop else "length"))
+        return samples
+
+    def update_weights(self, named_tensors) -> None:
+        self.model.load_state_dict(dict(named_tensors), strict=False)
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,111 @@
+"""Hand-computed checks of log-probs, masked reductions, aggregation modes and KL estimators."""
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from algorithms.common import aggregate_loss, masked_mean, masked_var, masked_whiten
+from algorithms.kl import kl_estimate
+from algorithms.logprobs import entropy_from_logits, token_logprobs
+from algorithms.registry import ADVANTAGE_ESTIMATORS, lookup
+from tests.conftest import ROOT
+
+
+def test_importable_without_ray_vllm_deepspeed():
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('ray', 'vllm', 'deepspeed'):\n"
+            "            raise ImportError('blocked: ' + name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import algorithms.logprobs, algorithms.common, algorithms.kl, algorithms.advantages\n"
+            "import algorithms.ppo, algorithms.dpo, algorithms.reward, algorithms.sft, algorithms.registry\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_token_logprobs_matches_log_softmax_and_hand_value():
+    logits = torch.tensor([[[0.0, math.log(3.0)], [2.0, 2.0]]])  # softmax rows: [1/4, 3/4], [1/2, 1/2]
+    labels = torch.tensor([[1, 0]])
+    got = token_logprobs(logits, labels)
+    assert torch.allclose(got, torch.tensor([[math.log(0.75), math.log(0.5)]]))
+    big = torch.randn(3, 700, 11)  # crosses the chunk boundary (1024 rows)
+    lab = torch.randint(0, 11, (3, 700))
+    ref = torch.log_softmax(big, -1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
+    assert torch.allclose(token_logprobs(big, lab), ref, atol=1e-6)
+
+
+def test_token_logprobs_of_bf16_logits_is_fp32_and_accurate():
+    logits = torch.randn(2, 5, 300).to(torch.bfloat16)
+    labels = torch.randint(0, 300, (2, 5))
+    got = token_logprobs(logits, labels)
+    ref = torch.log_softmax(logits.float(), -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    assert got.dtype == torch.float32 and torch.allclose(got, ref, atol=1e-5)
+
+
+def test_entropy_uniform_and_peaked():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]]])
+    assert torch.allclose(entropy_from_logits(logits), torch.tensor([[math.log(4.0), 0.0]]), atol=1e-6)
+
+
+X = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, 100.0, 100.0]])
+M = torch.tensor([[True, True, True, False], [True, True, False, False]])
+
+
+def test_masked_mean_ignores_masked_values():
+    assert masked_mean(X, M).item() == pytest.approx(15 / 5)
+    assert torch.allclose(masked_mean(X, M, dim=1), torch.tensor([2.0, 4.5]))
+    assert masked_mean(X, torch.zeros_like(M)).item() == 0.0
+
+
+def test_masked_var_is_unbiased():
+    vals = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert masked_var(X, M).item() == pytest.approx(vals.var(unbiased=True).item())
+    assert masked_var(X, M, unbiased=False).item() == pytest.approx(vals.var(unbiased=False).item())
+
+
+def test_masked_whiten_zero_mean_unit_std_and_zero_outside():
+    w = masked_whiten(X, M)
+    assert masked_mean(w, M).item() == pytest.approx(0.0, abs=1e-6)
+    assert masked_var(w, M).item() == pytest.approx(1.0, abs=1e-5)
+    assert w[0, 3] == 0 and w[1, 2] == 0
+
+
+def test_aggregation_modes_hand_computed():
+    loss = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 6.0, 100.0, 100.0]])
+    assert aggregate_loss(loss, M, "token-mean").item() == pytest.approx(16 / 5)
+    assert aggregate_loss(loss, M, "seq-mean-token-mean").item() == pytest.approx((2.0 + 5.0) / 2)
+    assert aggregate_loss(loss, M, "seq-mean-token-sum").item() == pytest.approx((6.0 + 10.0) / 2)
+    assert aggregate_loss(loss, M, "seq-mean-token-sum-norm", max_len=8).item() == pytest.approx((6 / 8 + 10 / 8) / 2)
+    assert aggregate_loss(loss, M, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 4 + 10 / 4) / 2)
+    assert aggregate_loss(loss, M, "token-mean", normalizer=10).item() == pytest.approx(16 / 10)
+    with pytest.raises(ValueError, match="valid modes: token-mean"):
+        aggregate_loss(loss, M, "mean")
+
+
+def test_kl_estimators_hand_computed():
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
+    assert torch.allclose(kl_estimate(logp, ref, "k1"), torch.tensor([[math.log(2), -math.log(2)]]))
+    assert torch.allclose(kl_estimate(logp, ref, "k2"), torch.tensor([[0.5 * math.log(2) ** 2] * 2]))
+    # k3 = q/p - 1 - log(q/p)
+    assert torch.allclose(kl_estimate(logp, ref, "k3"),
+                          torch.tensor([[0.5 - 1 + math.log(2), 2 - 1 - math.log(2)]]))
+    with pytest.raises(ValueError, match="valid: k1, k2, k3"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_k3_is_clamped_not_inf():
+    logp = torch.tensor([[-100.0, 0.0]])
+    ref = torch.tensor([[0.0, -100.0]])
+    out = kl_estimate(logp, ref, "k3")
+    assert torch.isfinite(out).all() and out.max().item() == 10.0
+
+
+def test_registry_lists_valid_names():
+    assert lookup(ADVANTAGE_ESTIMATORS, "grpo", "advantage estimator") is ADVANTAGE_ESTIMATORS["grpo"]
+    with pytest.raises(ValueError, match="valid: gae, grpo, reinforce_pp, rloo"):
+        lookup(ADVANTAGE_ESTIMATORS, "ppo2", "advantage estimator")

@@ -1,0 +1,25 @@
+"""Shared fixtures. One torch thread per process: on a 2-core machine more threads only contend."""
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny Qwen2 model + tokenizer folder, built once per test session."""
+    from rlhf.config import TinyModelConfig
+    from rlhf.tiny import save_tiny_model
+    return save_tiny_model(TinyModelConfig(), str(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
+    """`python -m rlhf.run ...` as a subprocess; returns the CompletedProcess (text mode)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "rlhf.run", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)

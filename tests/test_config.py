@@ -1,0 +1,115 @@
+"""Config loading: defaults, overrides, and every kind of bad input ending in a clear UserError / exit code 2."""
+import pytest
+
+from rlhf.config import RunConfig, load_config, validate
+from rlhf.errors import UserError
+from tests.conftest import run_cli
+
+
+def write(tmp_path, text: str, name: str = "c.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_file_and_overrides_merge_in_order(tmp_path):
+    path = write(tmp_path, "trainer:\n  lr: 0.5\n  batch_size: 16\n")
+    cfg = load_config(path, ["trainer.lr=0.25", "data.task=add"])
+    assert isinstance(cfg, RunConfig)
+    assert cfg.trainer.lr == 0.25 and cfg.trainer.batch_size == 16 and cfg.data.task == "add"
+    assert cfg.trainer.micro_batch_size == RunConfig().trainer.micro_batch_size
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="config file not found: .*nope.yaml"):
+        load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    path = write(tmp_path, "trainer:\n  lr: 1\n  batch_size: [1, 2\nseed: 3\n")
+    with pytest.raises(UserError, match=r"c.yaml:\d+: YAML syntax error"):
+        load_config(path)
+
+
+def test_unknown_key_suggests_the_close_one_with_line(tmp_path):
+    path = write(tmp_path, "seed: 1\ntrainer:\n  lrr: 1.0e-3\n")
+    with pytest.raises(UserError) as e:
+        load_config(path)
+    assert "c.yaml:3" in str(e.value) and "trainer.lrr" in str(e.value) and "did you mean 'trainer.lr'" in str(e.value)
+
+
+def test_unknown_top_level_key_in_override():
+    with pytest.raises(UserError, match="unknown key 'traner'.*did you mean 'trainer'"):
+        load_config(None, ["traner.lr=1"])
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    path = write(tmp_path, "trainer:\n  batch_size: lots\n")
+    with pytest.raises(UserError, match=r"c.yaml:2: trainer.batch_size = 'lots'"):
+        load_config(path)
+
+
+def test_malformed_override():
+    with pytest.raises(UserError, match="not of the form dotted.key=value"):
+        load_config(None, ["trainer.lr"])
+
+
+def test_top_level_must_be_mapping(tmp_path):
+    with pytest.raises(UserError, match="top level must be a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+
+
+def test_validate_reports_every_problem_at_once():
+    cfg = RunConfig()
+    cfg.trainer.lr = -1.0
+    cfg.trainer.batch_size, cfg.trainer.micro_batch_size = 10, 4
+    cfg.trainer.zero_stage = 5
+    cfg.data.task = "sorting"
+    cfg.model.tiny.hidden_size = 66
+    problems = validate(cfg)
+    text = "\n".join(problems)
+    for key in ("trainer.lr = -1.0", "trainer.batch_size = 10", "trainer.zero_stage = 5", "data.task = 'sorting'",
+                "model.tiny.hidden_size = 66"):
+        assert key in text
+    assert len(problems) == 5
+
+
+def test_impossible_values_raise_with_count(tmp_path):
+    path = write(tmp_path, "trainer:\n  lr: 0\n  max_steps: -3\n")
+    with pytest.raises(UserError, match=r"2 problem\(s\)"):
+        load_config(path)
+
+
+def test_model_path_must_be_a_model_folder(tmp_path):
+    with pytest.raises(UserError, match="model.path = .*no config.json"):
+        load_config(None, [f"model.path={tmp_path}"])
+
+
+def test_reward_fn_format_checked():
+    with pytest.raises(UserError, match="reward.fn = 'mymodule.fn'.*package.module:function"):
+        load_config(None, ["reward.fn=mymodule.fn"])
+
+
+def test_default_config_is_valid():
+    assert validate(RunConfig()) == []
+
+
+# The CLI: exit code 2 and a short message, never a traceback.
+
+@pytest.mark.parametrize("args, needle", [
+    (["--config", "/no/such.yaml"], "config file not found"),
+    (["--config", "examples/sort_sft.yaml", "trainer.lrr=1"], "did you mean 'trainer.lr'"),
+    (["--config", "examples/sort_sft.yaml", "trainer.batch_size=abc"], "trainer.batch_size = 'abc'"),
+    (["--config", "examples/sort_sft.yaml", "trainer.zero_stage=7"], "trainer.zero_stage = 7"),
+])
+def test_cli_bad_input_exits_2_without_traceback(args, needle):
+    res = run_cli(*args, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_print_config_resolves_overrides():
+    res = run_cli("--config", "examples/sort_sft.yaml", "trainer.lr=0.125", "--print-config", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "lr: 0.125" in res.stdout and "stage: sft" in res.stdout

@@ -1,0 +1,147 @@
+"""Data: synthetic tasks, loaders for JSONL / Parquet / datasets folders, their errors, and reward functions."""
+import json
+import random
+
+import pytest
+
+from rlhf.config import DataConfig
+from rlhf.data import BatchIterator, load_records, preference_rows, prompt_rows
+from rlhf.errors import UserError
+from rlhf.tasks import make_preference_rows, make_rows
+from rollout.rewards import add_reward, load_reward_fn, resolve_reward_fn, score, sort_reward
+
+
+def test_sort_rows_are_seeded_and_correct():
+    d = DataConfig(task="sort", num_train=200)
+    rows = make_rows(d, "train", seed=1)
+    assert rows == make_rows(d, "train", seed=1)
+    assert rows != make_rows(d, "train", seed=2)
+    assert rows != make_rows(d, "eval", seed=1)[:len(rows)]
+    for r in rows:
+        nums = [int(x) for x in r["prompt"].split()[1:-1]]
+        assert r["prompt"].startswith("sort ") and r["prompt"].endswith(" =")
+        assert d.min_items <= len(nums) <= d.max_items and all(0 <= n <= d.max_value for n in nums)
+        assert r["answer"] == " " + " ".join(map(str, sorted(nums)))
+
+
+def test_add_rows_are_correct():
+    for r in make_rows(DataConfig(task="add", num_train=100, min_items=2, max_items=4), "train", seed=0):
+        a, b = r["prompt"][4:-2].split(" + ")
+        assert r["answer"] == f" {int(a) + int(b)}" and 2 <= len(a) <= 4
+
+
+def test_sort_reward_exact_partial_and_garbage():
+    prompts = ["sort 3 1 2 ="] * 5
+    got = sort_reward(prompts, [" 1 2 3", "1 2 3 ", " 1 3 2", " 1 2", "hello"])
+    assert got == [1.0, 1.0, pytest.approx(0.5 * 1 / 3), pytest.approx(0.5 * 2 / 3), 0.0]
+    assert sort_reward(prompts[:1], [" 9"], answer=[" 9"]) == [1.0]
+
+
+def test_add_reward_aligns_digits_from_the_right():
+    got = add_reward(["add 15 + 7 ="] * 4, [" 22", " 12", " 122", "x"])
+    assert got == [1.0, pytest.approx(0.5 * 1 / 2), pytest.approx(0.5 * 2 / 3), 0.0]
+
+
+@pytest.mark.parametrize("task", ["sort", "add"])
+def test_preference_pairs_reject_plausible_mistakes(task):
+    reward = {"sort": sort_reward, "add": add_reward}[task]
+    rows = make_preference_rows(DataConfig(task=task, num_train=300), "train", seed=0)
+    prompts = [r["prompt"] for r in rows]
+    assert all(r["chosen"] != r["rejected"] for r in rows)
+    assert reward(prompts, [r["chosen"] for r in rows]) == [1.0] * len(rows)
+    assert all(x < 1.0 for x in reward(prompts, [r["rejected"] for r in rows]))
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_jsonl_with_custom_field_names_keeps_metadata(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "sort 2 1 =", "a": " 1 2", "id": 7}])
+    d = DataConfig(task=None, train_path=path, prompt_key="q", answer_key="a")
+    assert prompt_rows(d, "train", 0) == [{"prompt": "sort 2 1 =", "answer": " 1 2", "id": 7}]
+
+
+def test_parquet_and_datasets_folder(tmp_path):
+    import datasets
+
+    rows = [{"prompt": "p1", "chosen": "c1", "rejected": "r1"}, {"prompt": "p2", "chosen": "c2", "rejected": "r2"}]
+    ds = datasets.Dataset.from_list(rows)
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    ds.save_to_disk(str(tmp_path / "folder"))
+    for path in (tmp_path / "d.parquet", tmp_path / "folder"):
+        assert preference_rows(DataConfig(task=None, train_path=str(path)), "train", 0) == rows
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b'{"prompt": "a", "answer": "b"}\n{"prompt": "c", "answer"\n', r"d.jsonl:2: invalid JSON"),
+    (b'{"prompt": "a", "answer": "b"}\n\n{"answer": "b"}\n', r"d.jsonl:3: missing field 'prompt'.*data.prompt_key"),
+    (b'{"prompt": 5, "answer": "b"}\n', r"d.jsonl:1: field 'prompt' must be a string"),
+    (b'[1, 2]\n', r"d.jsonl:1: expected a JSON object"),
+    (b'{"prompt": "a", "answer": "\xff\xfe"}\n', r"d.jsonl:1: not valid UTF-8"),
+    (b'', r"d.jsonl: the dataset is empty"),
+    (b'\n\n', r"d.jsonl: the dataset is empty"),
+])
+def test_malformed_jsonl_names_file_and_line(tmp_path, content, needle):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=needle):
+        load_records(str(path), {"prompt": "prompt", "answer": "answer"})
+
+
+def test_unknown_format_and_bad_parquet(tmp_path):
+    (tmp_path / "d.csv").write_text("a,b\n")
+    with pytest.raises(UserError, match="unknown data format"):
+        load_records(str(tmp_path / "d.csv"), {"prompt": "prompt"})
+    (tmp_path / "d.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(UserError, match="d.parquet: cannot read as Parquet"):
+        load_records(str(tmp_path / "d.parquet"), {"prompt": "prompt"})
+
+
+def test_batch_iterator_covers_an_epoch_and_restores_position():
+    rows = list(range(10))
+    it = BatchIterator(rows, 3, seed=0)
+    epoch = it.next() + it.next() + it.next()
+    assert sorted(epoch) == sorted(set(epoch)) and len(epoch) == 9
+    state = it.state()
+    ahead = [it.next() for _ in range(4)]
+    again = BatchIterator(rows, 3, seed=0)
+    again.load_state(state)
+    assert [again.next() for _ in range(4)] == ahead
+    with pytest.raises(UserError, match="fewer than one batch"):
+        BatchIterator(rows, 11, seed=0)
+
+
+def user_reward(prompts, completions, **metadata):
+    return [float(len(c)) for c in completions]
+
+
+def bad_count_reward(prompts, completions, **metadata):
+    return [1.0]
+
+
+def raising_reward(prompts, completions, **metadata):
+    raise KeyError("boom")
+
+
+def test_user_reward_fn_from_dotted_path():
+    fn = load_reward_fn("tests.test_data:user_reward")
+    assert score(fn, ["a", "b"], ["xy", "z"], {}) == [2.0, 1.0]
+    assert resolve_reward_fn(None, "sort") is sort_reward
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+    ("tests.test_data:missing", "has no function 'missing'"),
+])
+def test_reward_fn_load_errors(spec, needle):
+    with pytest.raises(UserError, match=needle):
+        load_reward_fn(spec)
+
+
+def test_reward_fn_wrong_count_or_raising_is_reported_by_name():
+    with pytest.raises(UserError, match="bad_count_reward returned 1 rewards for 2 completions"):
+        score(bad_count_reward, ["a", "b"], ["x", "y"], {})
+    with pytest.raises(UserError, match="raising_reward raised KeyError.*prompt='a'"):
+        score(raising_reward, ["a"], ["x"], {})

@@ -1,0 +1,20 @@
+"""Every shipped recipe loads and validates."""
+import glob
+import os
+
+import pytest
+
+from rlhf.config import load_config
+from tests.conftest import ROOT
+
+EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "*.yaml")))
+
+
+def test_there_are_examples():
+    assert EXAMPLES
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=os.path.basename)
+def test_example_loads_and_validates(path):
+    cfg = load_config(path)
+    assert cfg.output_dir
