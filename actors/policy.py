@@ -3,14 +3,15 @@ warm-up LR schedule). A plain class: Ray hosts it (actors/group.py) or a driver 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
-from actors.dist import init_deepspeed_distributed
+from actors.dist import free_port, init_deepspeed_distributed
 from algorithms.sft import sft_loss
 from rlhf.batch import Batch, split_batch
 from rlhf.config import TrainerConfig
+from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -90,6 +91,50 @@ class PolicyTrainer:
             return None
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32, in micro-batches."""
+        self.engine.eval()
+        mbs = split_batch(batch, max(1, len(batch["input_ids"]) // self.cfg.micro_batch_size))
+        out = torch.cat([self._forward_logprobs(mb) for mb in mbs])
+        self.engine.train()
+        return out
+
+    # ---- weight export for sync ----
+    def weight_specs(self) -> list[TensorSpec]:
+        """Name, full shape and dtype of every parameter, in export order. Tied weights are listed under each of
+        their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite too."""
+        return [spec_of(n, p, getattr(p, "ds_shape", None))
+                for n, p in self.model.named_parameters(remove_duplicate=False)]
+
+    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full parameters in `weight_specs` order. Under ZeRO-3 each one is gathered (a collective: every rank must
+        iterate) and copied out before it is re-partitioned."""
+        import deepspeed
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if self.cfg.zero_stage == 3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+                    yield name, p.data.detach().clone()
+            else:
+                yield name, p.data.detach()
+
+    def sync_address(self) -> tuple[str, int]:
+        import ray
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init_sync_group(self, host: str, port: int, world_size: int) -> None:
+        """Rank 0 joins the trainer->engines sync group as its rank 0; other ranks only take part in gathers."""
+        if self.rank == 0:
+            self._sync_group = SyncGroup(host, port, 0, world_size)
+
+    def send_weights(self, plan: list[list[TensorSpec]]) -> int:
+        weights = self.iter_weights()
+        if self.rank == 0:
+            return send_weights(self._sync_group, weights, plan)
+        for _ in weights:  # still take part in every ZeRO-3 gather
+            pass
+        return 0
 
     def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:

@@ -45,3 +45,21 @@ def concat_batches(batches: Sequence[Batch]) -> Batch:
             parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
         out[key] = torch.cat(parts)
     return out
+
+
+def samples_to_batch(samples, pad_id: int) -> Batch:
+    """Pack rollout samples like pack_sequences, plus `rollout_logprobs` (B, L-1) aligned with the shifted targets
+    (zero outside loss_mask)."""
+    batch = pack_sequences([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id)
+    rollout = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
+    for i, s in enumerate(samples):
+        start = len(s.prompt_ids) - 1
+        rollout[i, start:start + len(s.completion_ids)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    batch["rollout_logprobs"] = rollout
+    return batch
+
+
+def logprob_diff(trainer_logprobs: torch.Tensor, batch: Batch) -> float:
+    """Mean |rollout_logprobs - trainer log-probs| over sampled tokens: the engine/trainer agreement check."""
+    mask = batch["loss_mask"]
+    return ((trainer_logprobs - batch["rollout_logprobs"]).abs() * mask).sum().item() / max(mask.sum().item(), 1)

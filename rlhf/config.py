@@ -22,6 +22,7 @@ from rlhf.tasks import TASKS
 STAGES = ("sft",)
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's attention kernels support
 
 
 @dataclass
@@ -29,7 +30,7 @@ class TinyModelConfig:
     """A randomly initialised model built locally when `model.path` is unset (nothing can be downloaded)."""
 
     arch: str = "qwen2"
-    hidden_size: int = 64
+    hidden_size: int = 128
     num_layers: int = 2
     num_heads: int = 4
     num_kv_heads: int = 2
@@ -149,6 +150,9 @@ def validate(cfg: RunConfig) -> list[str]:
         positive(f"model.tiny.{name}", getattr(t, name))
     if t.num_heads > 0 and t.hidden_size % t.num_heads:
         bad("model.tiny.hidden_size", t.hidden_size, f"must be divisible by model.tiny.num_heads={t.num_heads}")
+    elif t.num_heads > 0 and t.hidden_size // t.num_heads not in VLLM_HEAD_DIMS:
+        bad("model.tiny.hidden_size", t.hidden_size, f"gives head size {t.hidden_size // t.num_heads} "
+            f"(hidden_size / num_heads), which vLLM cannot run; choose one of {VLLM_HEAD_DIMS}")
     if t.num_kv_heads > 0 and t.num_heads % t.num_kv_heads:
         bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
     _validate_data(d, bad, choice, positive)

@@ -30,15 +30,17 @@ class HFEngine:
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p in items])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p in items])
         greedy = sampling.temperature == 0
-        kwargs = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p}
+        # top_k=0: transformers would otherwise apply its default top_k=50, unlike vLLM.
+        kwargs = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
         res = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
-            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_scores=True, return_dict_in_generate=True,
+            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
             **kwargs)
         new = res.sequences[:, width:]
-        # Log-probs of the processed distribution the token was drawn from (same convention as vLLM's default).
-        logps = torch.stack(res.scores, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # Log-probs under the raw model distribution (vLLM's default `raw_logprobs`), which is what the trainer
+        # recomputes; temperature/top-p only shape the sampling.
+        logps = torch.stack(res.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
         samples = []
         for row, (index, prompt) in enumerate(items):
             toks = new[row].tolist()

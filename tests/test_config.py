@@ -66,12 +66,18 @@ def test_validate_reports_every_problem_at_once():
     cfg.trainer.zero_stage = 5
     cfg.data.task = "sorting"
     cfg.model.tiny.hidden_size = 66
+    cfg.model.tiny.num_layers = 0
     problems = validate(cfg)
     text = "\n".join(problems)
     for key in ("trainer.lr = -1.0", "trainer.batch_size = 10", "trainer.zero_stage = 5", "data.task = 'sorting'",
-                "model.tiny.hidden_size = 66"):
+                "model.tiny.hidden_size = 66", "model.tiny.num_layers = 0"):
         assert key in text
-    assert len(problems) == 5
+    assert len(problems) == 6
+
+
+def test_head_size_vllm_cannot_run_is_rejected():
+    with pytest.raises(UserError, match=r"model.tiny.hidden_size = 64: gives head size 16"):
+        load_config(None, ["model.tiny.hidden_size=64", "model.tiny.num_heads=4"])
 
 
 def test_impossible_values_raise_with_count(tmp_path):

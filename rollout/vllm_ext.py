@@ -1,0 +1,36 @@
+"""A vLLM worker extension (`worker_extension_cls`): methods mixed into vLLM's worker, called through
+`LLM.collective_rpc`, that load new weights into the running model with vLLM's own in-place reload path.
+
+Arguments arrive as plain Python values (lists, str, bytes): with the multiprocess engine, tensors passed through
+collective_rpc are turned into lists, so tensors travel as safetensors bytes or over the sync process group.
+"""
+from __future__ import annotations
+
+from rollout.weight_sync import SyncGroup, TensorSpec, receive_weights
+
+
+def plan_from_plain(plain: list) -> list[list[TensorSpec]]:
+    return [[TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in bucket] for bucket in plain]
+
+
+def plan_to_plain(plan: list[list[TensorSpec]]) -> list:
+    return [[[s.name, list(s.shape), s.dtype] for s in bucket] for bucket in plan]
+
+
+class WeightSyncExtension:
+    def rlhf_init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        self._rlhf_sync_group = SyncGroup(host, port, rank, world_size)
+
+    def rlhf_receive_broadcast(self, plain_plan: list) -> int:
+        """Receive every bucket of the plan from trainer rank 0 and reload them in one pass. Returns #tensors."""
+        named = list(receive_weights(self._rlhf_sync_group, plan_from_plain(plain_plan)))
+        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        return len(named)
+
+    def rlhf_load_tensors(self, named) -> int:
+        """In-process channel: `named` is a list of (name, tensor), or safetensors bytes across processes."""
+        if isinstance(named, (bytes, bytearray)):
+            from safetensors.torch import load as load_bytes
+            named = list(load_bytes(bytes(named)).items())
+        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        return len(named)

