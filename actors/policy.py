@@ -8,9 +8,13 @@ from typing import Iterator, Optional
 import torch
 
 from actors.dist import free_port, init_deepspeed_distributed
+from algorithms.common import aggregate_loss, masked_mean
+from algorithms.kl import kl_estimate
+from algorithms.logprobs import entropy_from_logits, token_logprobs
+from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
 from rlhf.batch import Batch, split_batch
-from rlhf.config import TrainerConfig
+from rlhf.config import AlgorithmConfig, TrainerConfig
 from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,31 +62,69 @@ class PolicyTrainer:
 
     def _forward_logprobs(self, mb: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:] under the model: (B, L-1) fp32."""
-        from algorithms.logprobs import token_logprobs
         logits = self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
         return token_logprobs(logits[:, :-1], mb["input_ids"][:, 1:])
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask).
+        """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask)."""
+        def loss_fn(mb: Batch, logits: torch.Tensor, normalizer: float):
+            loss, _ = sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mb["loss_mask"], normalizer=normalizer)
+            return loss, {}  # its per-micro-batch NLL would only repeat train/loss
+        out = self._optimizer_step(batch, loss_fn, "token-mean")
+        out["train/loss"] = out.pop("loss")
+        return out
 
-        Every micro-batch loss is divided by the *global* token count (times world size, since DeepSpeed averages
-        gradients over ranks), so the update equals a token-mean over the whole batch however it is split.
+    def rl_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
+        """`algorithm.ppo_epochs` passes over this rank's rollout rows in mini-batches of trainer.batch_size (over all
+        ranks), one optimizer step each. Rows hold input_ids, attention_mask, loss_mask, old_logprobs, advantages
+        (B, L-1), and ref_logprobs / rollout_logprobs when the KL-in-loss / TIS options use them."""
+        def loss_fn(mb: Batch, logits: torch.Tensor, normalizer: float):
+            logp = token_logprobs(logits[:, :-1], mb["input_ids"][:, 1:])
+            loss, m = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"], algo.clip_low,
+                                  algo.clip_high, algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap,
+                                  algo.loss_agg, normalizer)
+            if algo.kl_coef > 0 and not algo.kl_in_reward:
+                kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer)
+                m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
+            m["policy/entropy"] = masked_mean(entropy_from_logits(logits[:, :-1].detach()), mb["loss_mask"])
+            return loss, m
+
+        rows = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
+        history: dict[str, list[float]] = {}
+        for _ in range(algo.ppo_epochs):
+            for mini in split_batch(batch, rows):
+                for k, v in self._optimizer_step(mini, loss_fn, algo.loss_agg).items():
+                    history.setdefault(k, []).append(v)
+        out = {k: sum(v) / len(v) for k, v in history.items()}
+        out["policy/loss"] = out.pop("loss")
+        return out
+
+    def _optimizer_step(self, mini: Batch, loss_fn, agg: str) -> dict[str, float]:
+        """Forward/backward over micro-batches of `mini`, then one optimizer step.
+
+        Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the
+        world size, since DeepSpeed averages gradients over ranks: the update equals the loss over the whole
+        mini-batch however it is split across micro-batches and ranks.
         """
-        global_tokens = self._all_reduce_sum(batch["loss_mask"].sum().float())
-        nll_sum, grad_norm = 0.0, None
-        micro_batches = split_batch(batch, self.engine.gradient_accumulation_steps())
+        count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
+        normalizer = self._all_reduce_sum(count.float()).item() / self.world_size
+        micro_batches = split_batch(mini, self.engine.gradient_accumulation_steps())
+        loss_sum, grad_norm, metrics = 0.0, None, {}
         for i, mb in enumerate(micro_batches):
             logits = self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
-            loss, _ = sft_loss(logits[:, :-1], mb["input_ids"][:, 1:], mb["loss_mask"],
-                               normalizer=global_tokens / self.world_size)
+            loss, m = loss_fn(mb, logits, normalizer)
             self.engine.backward(loss, scale_wrt_gas=False)
             if i == len(micro_batches) - 1:
                 grad_norm = self._stage0_grad_norm()
             self.engine.step()
-            nll_sum += loss.item() / self.world_size
-        return {"train/loss": self._all_reduce_sum(torch.tensor(nll_sum)).item(),
-                "train/grad_norm": float(grad_norm if grad_norm is not None else self.engine.get_global_grad_norm()),
-                "train/lr": self.engine.get_lr()[0]}
+            loss_sum += loss.item() / self.world_size
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) / len(micro_batches)
+        metrics["loss"] = self._all_reduce_sum(torch.tensor(loss_sum)).item()
+        metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else self.engine.get_global_grad_norm())
+        metrics["train/lr"] = self.engine.get_lr()[0]
+        return metrics
 
     def _stage0_grad_norm(self) -> Optional[float]:
         """ZeRO 1-3 optimizers record the global grad norm; stage 0 in fp32 does not, so compute it (gradients are
@@ -141,11 +183,13 @@ class PolicyTrainer:
             torch.distributed.all_reduce(x)
         return x
 
-    def save_hf(self, out_dir: str, tokenizer=None) -> None:
-        """Save the full model as a Hugging Face folder (safetensors); rank 0 writes (ZeRO-3 gathers first)."""
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+        """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
+        Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""
         state = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
         if self.rank == 0:
             os.makedirs(out_dir, exist_ok=True)
             self.model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(out_dir)
+            if tokenizer_path is not None:
+                from transformers import AutoTokenizer
+                AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)

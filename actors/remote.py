@@ -35,3 +35,21 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str]) -> list
             raise WorkerDied(f"{role} did not answer within {timeout_s:.0f} s (a collective that reached only some "
                              "ranks hangs like this)") from None
     return out
+
+
+def init_ray() -> None:
+    """Join the cluster named by RAY_ADDRESS (as under `ray job submit`), else start a private local instance whose
+    dashboard stays off. Actors request fractional CPUs, so the local instance advertises at least 8 slots."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runtime_env = {"env_vars": {"PYTHONPATH": root}}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address="auto", runtime_env=runtime_env, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
+                 log_to_driver=False, runtime_env=runtime_env)

@@ -19,7 +19,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from rlhf.errors import UserError
 from rlhf.tasks import TASKS
 
-STAGES = ("sft",)
+STAGES = ("sft", "rl")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+ENGINES = ("vllm", "hf")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's attention kernels support
@@ -75,6 +79,43 @@ class TrainerConfig:
 
 
 @dataclass
+class AlgorithmConfig:
+    """On-policy RL (stage: rl)."""
+
+    name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo
+    kl_coef: float = 0.0  # 0 = no reference model
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: Optional[float] = None
+    tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
+    loss_agg: str = "token-mean"
+    ppo_epochs: int = 1
+    scale_by_std: bool = True  # grpo; false = Dr. GRPO
+    gamma: float = 1.0
+    lam: float = 0.95
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "vllm"  # vllm | hf (transformers generate, for hosts without vLLM)
+    num_engines: int = 1
+    prompts_per_step: int = 16
+    n_samples: int = 8  # completions per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 16
+    max_model_len: int = 256
+    kv_cache_mb: int = 64  # CPU KV cache size per engine
+    gpu_memory_utilization: float = 0.5
+    multiprocess: bool = False  # vLLM's multiprocess engine: faster decode, 20-40 s longer start on CPU
+    sync_bucket_mb: int = 64
+    logprob_diff_warn: float = 1e-3  # warn when mean |rollout - trainer log-prob| exceeds this
+
+
+@dataclass
 class RewardConfig:
     fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
 
@@ -100,6 +141,8 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -141,9 +184,6 @@ def validate(cfg: RunConfig) -> list[str]:
     choice("stage", cfg.stage, STAGES)
     m, t, d, tr = cfg.model, cfg.model.tiny, cfg.data, cfg.trainer
     choice("model.dtype", m.dtype, DTYPES)
-    if m.path is not None and not os.path.isfile(os.path.join(m.path, "config.json")):
-        bad("model.path", m.path, "no config.json there; point it at a local Hugging Face model folder, or unset it "
-            "to build the tiny model")
     choice("model.tiny.arch", t.arch, ARCHS)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
                  "max_position_embeddings"):
@@ -164,6 +204,8 @@ def validate(cfg: RunConfig) -> list[str]:
         bad("trainer.batch_size", tr.batch_size,
             f"must be a multiple of trainer.micro_batch_size={tr.micro_batch_size}")
     choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))
+    if cfg.stage == "rl":
+        _validate_rl(cfg, bad, choice, positive)
     if cfg.reward.fn is not None and (cfg.reward.fn.count(":") != 1 or not all(cfg.reward.fn.split(":"))):
         bad("reward.fn", cfg.reward.fn, "write it as 'package.module:function'")
     if cfg.eval.every < 0:
@@ -171,6 +213,33 @@ def validate(cfg: RunConfig) -> list[str]:
     positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     positive("logging.console_every", cfg.logging.console_every)
     return p
+
+
+def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
+    a, r = cfg.algorithm, cfg.rollout
+    choice("algorithm.name", a.name, ALGORITHMS)
+    choice("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
+    choice("algorithm.loss_agg", a.loss_agg, LOSS_AGG)
+    choice("rollout.engine", r.engine, ENGINES)
+    for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
+                       ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
+                       ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
+                       ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.sync_bucket_mb", r.sync_bucket_mb)):
+        positive(key, value)
+    if a.kl_coef < 0:
+        bad("algorithm.kl_coef", a.kl_coef, "must be >= 0 (0 disables the KL penalty and the reference model)")
+    if a.dual_clip is not None and a.dual_clip <= 1:
+        bad("algorithm.dual_clip", a.dual_clip, "must be > 1 (e.g. 3.0), or null to disable")
+    if a.tis_cap is not None and a.tis_cap <= 0:
+        bad("algorithm.tis_cap", a.tis_cap, "must be > 0 (e.g. 2.0), or null to disable")
+    if a.name in ("grpo", "rloo") and r.n_samples < 2:
+        bad("rollout.n_samples", r.n_samples, f"{a.name} compares samples of the same prompt: use >= 2")
+    if r.temperature < 0 or not 0 < r.top_p <= 1:
+        bad("rollout.temperature/top_p", (r.temperature, r.top_p), "need temperature >= 0 and 0 < top_p <= 1")
+    rollout_batch = r.prompts_per_step * r.n_samples
+    if cfg.trainer.batch_size > 0 and rollout_batch % cfg.trainer.batch_size:
+        bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step x "
+            f"rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
 
 
 def _validate_data(d: DataConfig, bad, choice, positive) -> None:
@@ -184,10 +253,6 @@ def _validate_data(d: DataConfig, bad, choice, positive) -> None:
             positive(f"data.{name}", getattr(d, name))
         if d.max_items < d.min_items:
             bad("data.max_items", d.max_items, f"must be >= data.min_items={d.min_items}")
-    for key in ("train_path", "eval_path"):
-        path = getattr(d, key)
-        if path is not None and not os.path.exists(path):
-            bad(f"data.{key}", path, "no such file or folder")
 
 
 # ---- loading helpers: every failure becomes a UserError that names the file, line and key ----

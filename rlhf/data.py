@@ -13,6 +13,8 @@ from rlhf import tasks
 
 def read_rows(path: str) -> Iterator[tuple[int, object]]:
     """(line or row number, row) pairs from a .jsonl/.json file, a .parquet file, or a datasets folder."""
+    if not os.path.exists(path):
+        raise UserError(f"{path}: no such file or folder (check data.train_path / data.eval_path)")
     if os.path.isdir(path):
         yield from _datasets_rows(path)
     elif path.endswith((".jsonl", ".json")):

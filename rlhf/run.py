@@ -15,6 +15,9 @@ def _stage_runner(stage: str):
     if stage == "sft":
         from rlhf.sft import run_sft
         return run_sft
+    if stage == "rl":
+        from rlhf.controller import run_rl
+        return run_rl
     raise UserError(f"stage = {stage!r} has no runner")
 
 

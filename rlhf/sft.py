@@ -36,7 +36,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
 
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                             trust_remote_code=cfg.model.trust_remote_code)
-    engine = HFEngine(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = HFEngine.from_model(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)
     logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc="sft")
 
     def run_eval() -> dict[str, float]:
@@ -53,7 +53,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
         if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
             row.update(run_eval())
         logger.log(step, row)
-    trainer.save_hf(os.path.join(cfg.output_dir, "final"), tokenizer)
+    trainer.save_hf(os.path.join(cfg.output_dir, "final"), model_path)
     logger.console(f"sft done: eval/exact_match {first['eval/exact_match']:.3f} -> {row['eval/exact_match']:.3f}, "
                    f"model saved to {os.path.join(cfg.output_dir, 'final')}")
     logger.close()

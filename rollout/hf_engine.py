@@ -9,8 +9,26 @@ from rollout.engine import Sample, SamplingConfig
 
 
 class HFEngine:
-    def __init__(self, model, eos_id: int, pad_id: int, batch_size: int = 64):
+    def __init__(self, model_path: str, dtype: str = "float32", trust_remote_code: bool = False,
+                 batch_size: int = 64, **_ignored_vllm_options):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtypes[dtype],
+                                                     trust_remote_code=trust_remote_code)
+        self._setup(model.eval(), tok.eos_token_id, tok.pad_token_id, batch_size)
+
+    @classmethod
+    def from_model(cls, model, eos_id: int, pad_id: int, batch_size: int = 64) -> "HFEngine":
+        """Wrap a model that lives elsewhere in this process (e.g. the trainer's, for evaluation)."""
+        engine = cls.__new__(cls)
+        engine._setup(model, eos_id, pad_id, batch_size)
+        return engine
+
+    def _setup(self, model, eos_id: int, pad_id: int, batch_size: int) -> None:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
+        self._sync_group = None
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
@@ -51,7 +69,20 @@ class HFEngine:
         return samples
 
     def update_weights(self, named_tensors) -> None:
-        self.model.load_state_dict(dict(named_tensors), strict=False)
+        with torch.no_grad():
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor)
+
+    def init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        from rollout.weight_sync import SyncGroup
+        self._sync_group = SyncGroup(host, port, rank, world_size)
+
+    def receive_broadcast(self, plan) -> int:
+        from rollout.weight_sync import receive_weights
+        named = list(receive_weights(self._sync_group, plan))
+        self.update_weights(named)
+        return len(named)
 
     def sleep(self) -> None:
         pass

@@ -87,8 +87,10 @@ def test_impossible_values_raise_with_count(tmp_path):
 
 
 def test_model_path_must_be_a_model_folder(tmp_path):
+    from rlhf.tiny import ensure_model
+    cfg = load_config(None, [f"model.path={tmp_path}"])  # may not exist yet when validated: an earlier stage writes it
     with pytest.raises(UserError, match="model.path = .*no config.json"):
-        load_config(None, [f"model.path={tmp_path}"])
+        ensure_model(cfg.model.path, cfg.model.tiny, str(tmp_path), 0)
 
 
 def test_reward_fn_format_checked():

@@ -90,6 +90,11 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, content, needle):
         load_records(str(path), {"prompt": "prompt", "answer": "answer"})
 
 
+def test_missing_file_names_the_keys(tmp_path):
+    with pytest.raises(UserError, match="nope.jsonl: no such file.*data.train_path"):
+        load_records(str(tmp_path / "nope.jsonl"), {"prompt": "prompt"})
+
+
 def test_unknown_format_and_bad_parquet(tmp_path):
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(UserError, match="unknown data format"):

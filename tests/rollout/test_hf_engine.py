@@ -12,7 +12,7 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    engine = HFEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=4)
+    engine = HFEngine.from_model(model, tok.eos_token_id, tok.pad_token_id, batch_size=4)
     prompts = [tok("sort 3 1 2 =").input_ids, tok("sort 10 7 =").input_ids, tok("sort 5 =").input_ids]
     samples = engine.generate(prompts, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2, seed=3))
     assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2]

@@ -1,0 +1,32 @@
+"""`ReferenceModel`: a frozen copy of the initial policy that scores sequences (for the KL penalty and DPO)."""
+from __future__ import annotations
+
+import torch
+
+from algorithms.logprobs import token_logprobs
+from rlhf.batch import Batch, split_batch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ReferenceModel:
+    def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
+                 trust_remote_code: bool = False):
+        from transformers import AutoModelForCausalLM
+
+        self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
+                                                          trust_remote_code=trust_remote_code).to(self.device)
+        self.model.eval().requires_grad_(False)
+        self.micro_batch_size = micro_batch_size
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU."""
+        n = max(1, len(batch["input_ids"]) // self.micro_batch_size)
+        out = []
+        for mb in split_batch({k: batch[k] for k in ("input_ids", "attention_mask")}, n):
+            ids = mb["input_ids"].to(self.device)
+            logits = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device)).logits
+            out.append(token_logprobs(logits[:, :-1], ids[:, 1:]).cpu())
+        return torch.cat(out)

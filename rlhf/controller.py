@@ -1,0 +1,188 @@
+"""The on-policy RL loop (stage: rl): generate -> score -> reference/old log-probs -> advantages -> update -> sync.
+
+`RLController.step()` reads top to bottom, one timed phase per block. Workers are Ray actors; the advantage math
+runs here on the driver (algorithms/).
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+
+import torch
+
+from algorithms import advantages as adv
+from algorithms.common import masked_mean
+from algorithms.kl import kl_estimate
+from rlhf.batch import logprob_diff, samples_to_batch
+from rlhf.config import RunConfig, to_yaml
+from rlhf.data import BatchIterator, prompt_rows
+from rlhf.evaluate import evaluate
+from rlhf.metrics import MetricsLogger
+from rlhf.tiny import ensure_model
+from rollout.engine import SamplingConfig
+from rollout.rewards import resolve_reward_fn, score
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+
+
+class RLController:
+    def __init__(self, cfg: RunConfig):
+        from transformers import AutoTokenizer
+
+        from actors.remote import init_ray
+        self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
+        self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
+        self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+        self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
+        self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+        init_ray()
+        self._start_workers()
+        self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
+
+    def _start_workers(self) -> None:
+        from actors.policy import PolicyTrainer
+        from actors.reference import ReferenceModel
+        from actors.remote import make_actor
+        from rollout.group import RolloutGroup, setup_broadcast
+        from rollout.weight_sync import plan_buckets
+
+        cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
+        common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+        self.policy = make_actor(PolicyTrainer, "policy trainer 0", {}, self.model_path, cfg.trainer,
+                                 seed=cfg.seed, **common)
+        self.reference = (make_actor(ReferenceModel, "reference model", {}, self.model_path, **common)
+                          if cfg.algorithm.kl_coef > 0 else None)
+        if r.engine == "vllm":
+            from rollout.vllm_engine import VLLMEngine as engine_cls
+        else:
+            from rollout.hf_engine import HFEngine as engine_cls
+        engine_kwargs = dict(model_path=self.model_path, max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb,
+                             seed=cfg.seed, multiprocess=r.multiprocess,
+                             gpu_memory_utilization=r.gpu_memory_utilization, **common)
+        if engine_cls.__name__ == "HFEngine":
+            engine_kwargs = dict(model_path=self.model_path, **common)
+        self.rollout = RolloutGroup.create(r.num_engines, engine_kwargs, engine_cls=engine_cls)
+        self.plan = plan_buckets(self._get(self.policy.weight_specs.remote(), "policy trainer 0"),
+                                 r.sync_bucket_mb << 20)
+        setup_broadcast([self.policy], self.rollout)
+
+    @staticmethod
+    def _get(ref, role: str, timeout_s: float = 1800.0):
+        from actors.remote import ray_get
+        return ray_get([ref], timeout_s, [role])[0]
+
+    # ---- one step, top to bottom ----
+    def step(self, step: int) -> dict[str, float]:
+        from rollout.group import broadcast_weights
+
+        cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
+        t = PhaseTimer()
+        with t("rollout"):
+            rows, samples = self._generate(step)
+        with t("reward"):
+            rewards = self._score(rows, samples)
+        batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
+        with t("ref"):
+            batch["old_logprobs"] = self._get(self.policy.compute_logprobs.remote(batch), "policy trainer 0")
+            if self.reference is not None:
+                batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
+        metrics = self._advantages(batch, rewards)
+        with t("train"):
+            metrics.update(self._get(self.policy.rl_step.remote(batch, a), "policy trainer 0"))
+        with t("sync"):
+            broadcast_weights([self.policy], self.rollout, self.plan)
+        metrics.update(self._rollout_metrics(batch, rewards, samples))
+        return {**metrics, **t.times}
+
+    def _generate(self, step: int):
+        r = self.cfg.rollout
+        rows = self.prompts.next()
+        ids = [self.tokenizer(x["prompt"], add_special_tokens=False).input_ids for x in rows]
+        sampling = SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007)
+        return rows, self.rollout.generate(ids, sampling)
+
+    def _score(self, rows, samples) -> torch.Tensor:
+        prompts = [rows[s.prompt_index]["prompt"] for s in samples]
+        completions = self.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
+        metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in rows[0] if k != "prompt"}
+        return torch.tensor(score(self.reward_fn, prompts, completions, metadata))
+
+    def _advantages(self, batch, rewards: torch.Tensor) -> dict[str, float]:
+        """Token-level advantages into batch["advantages"]; returns KL metrics."""
+        a, n, mask = self.cfg.algorithm, self.cfg.rollout.n_samples, batch["loss_mask"]
+        kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], a.kl_estimator) if "ref_logprobs" in batch \
+            else None
+        shaped = rewards
+        if kl is not None and a.kl_in_reward and a.name != "reinforce_pp":
+            shaped = rewards - a.kl_coef * (kl * mask).sum(-1)  # sequence-level penalty (RLOO paper, sec. 3)
+        if a.name == "grpo":
+            batch["advantages"] = adv.grpo(shaped, n, a.scale_by_std)[:, None] * mask
+        elif a.name == "rloo":
+            batch["advantages"] = adv.rloo(shaped, n)[:, None] * mask
+        elif a.name == "reinforce_pp":
+            batch["advantages"] = adv.reinforce_pp(rewards, mask, kl if a.kl_in_reward else None, a.kl_coef,
+                                                   a.gamma, group_size=n if n > 1 else None)
+        else:
+            raise NotImplementedError(f"algorithm.name = {a.name!r} needs a critic (not wired yet)")
+        return {"rollout/kl": masked_mean(kl, mask).item()} if kl is not None else {}
+
+    def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
+        diff = logprob_diff(batch["old_logprobs"], batch)
+        if diff > self.cfg.rollout.logprob_diff_warn:
+            self.logger.console(f"warning: rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = "
+                                f"{self.cfg.rollout.logprob_diff_warn:g}: the engines' weights or numerics differ "
+                                "from the trainer's (a missed sync or a stale prefix cache shows up here)")
+        lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
+        return {"rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
+                "rollout/response_len": lengths.mean().item(), "rollout/logprob_diff": diff,
+                "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+
+    # ---- the loop ----
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.rollout, self.tokenizer, self.eval_rows, self.reward_fn, self.cfg.eval.max_new_tokens)
+
+    def fit(self) -> dict[str, float]:
+        cfg = self.cfg
+        first = self.evaluate()
+        self.logger.log(0, first, advance=False)
+        row: dict[str, float] = {}
+        for step in range(1, cfg.trainer.max_steps + 1):
+            start = time.perf_counter()
+            row = self.step(step)
+            if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
+                row.update(self.evaluate())
+            row["time/step"] = time.perf_counter() - start
+            self.logger.log(step, row)
+        out = os.path.join(cfg.output_dir, "final")
+        self._get(self.policy.save_hf.remote(out, self.model_path), "policy trainer 0")
+        self.logger.console(f"{cfg.algorithm.name} done: eval/exact_match {first['eval/exact_match']:.3f} -> "
+                            f"{row['eval/exact_match']:.3f}, model saved to {out}")
+        return row
+
+    def close(self) -> None:
+        import ray
+        self.logger.close()
+        self.rollout.shutdown()
+        for actor in (self.policy, self.reference):
+            if actor is not None:
+                ray.kill(actor)
+
+
+def run_rl(cfg: RunConfig) -> dict[str, float]:
+    controller = RLController(cfg)
+    try:
+        return controller.fit()
+    finally:
+        controller.close()
