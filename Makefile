@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# SFT the tiny model on the sort task, then GRPO from that checkpoint; each stage prints exact match before -> after.
 run: setup
 	$(BIN)/python -m rlhf.run --config examples/sort_sft.yaml
+	$(BIN)/python -m rlhf.run --config examples/sort_grpo.yaml
 
 test: setup
 	$(BIN)/python -m pytest -q tests

@@ -28,7 +28,7 @@ def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:
                 os.remove(path)
 
 
-def init_deepspeed_distributed(rank: int, world_size: int, master_port: Optional[int]) -> None:
+def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, master_port: Optional[int]) -> None:
     """Join (or create) the default process group through DeepSpeed, which needs the env:// variables even for
     one process (otherwise it looks for mpi4py)."""
     import deepspeed
@@ -38,7 +38,7 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_port: Optional
     os.makedirs(os.environ["TORCH_EXTENSIONS_DIR"], exist_ok=True)
     clear_stale_locks(os.environ["TORCH_EXTENSIONS_DIR"])
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank) if not torch.cuda.is_available() else "0",
-                      WORLD_SIZE=str(world_size), MASTER_ADDR=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                      WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
                       MASTER_PORT=str(master_port or os.environ.get("MASTER_PORT") or free_port()))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")

@@ -41,12 +41,12 @@ def warmup_lambda(warmup_steps: int):
 
 class PolicyTrainer:
     def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
-                 world_size: int = 1, master_port: Optional[int] = None, seed: int = 0,
-                 trust_remote_code: bool = False):
+                 world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
+                 seed: int = 0, trust_remote_code: bool = False):
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        init_deepspeed_distributed(rank, world_size, master_port)
+        init_deepspeed_distributed(rank, world_size, master_addr, master_port)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
@@ -160,6 +160,11 @@ class PolicyTrainer:
                     yield name, p.data.detach().clone()
             else:
                 yield name, p.data.detach()
+
+    def export_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""
+        weights = [(n, t.clone()) for n, t in self.iter_weights()]
+        return weights if self.rank == 0 else []
 
     def sync_address(self) -> tuple[str, int]:
         import ray

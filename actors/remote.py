@@ -19,22 +19,27 @@ def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
 
 
 def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str]) -> list:
-    """ray.get on a list with a timeout; a dead or failed worker is reported by its role (e.g. 'rollout engine 1')."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    """ray.get on a list with one deadline. Results are waited for together, so a rank that died is reported at
+    once by its role (e.g. 'policy trainer 1') even while its peers hang in a collective waiting for it."""
+    import time
 
-    out = []
-    for ref, role in zip(refs, roles):
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    role_of = {ref: role for ref, role in zip(refs, roles)}
+    pending, deadline = list(refs), time.monotonic() + timeout_s
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise WorkerDied(f"{', '.join(role_of[r] for r in pending)} did not answer within {timeout_s:.0f} s "
+                             "(a collective that reached only some ranks hangs like this)")
         try:
-            out.append(ray.get(ref, timeout=timeout_s))
+            ray.get(ready[0])
         except RayActorError as e:
-            raise WorkerDied(f"{role} died: {e}") from None
+            raise WorkerDied(f"{role_of[ready[0]]} died: {e}") from None
         except RayTaskError as e:
-            raise WorkerDied(f"{role} failed: {e}") from None
-        except GetTimeoutError:
-            raise WorkerDied(f"{role} did not answer within {timeout_s:.0f} s (a collective that reached only some "
-                             "ranks hangs like this)") from None
-    return out
+            raise WorkerDied(f"{role_of[ready[0]]} failed: {e}") from None
+    return ray.get(list(refs))
 
 
 def init_ray() -> None:

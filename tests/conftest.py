@@ -23,3 +23,14 @@ def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
     env = dict(os.environ, PYTHONPATH=ROOT)
     return subprocess.run([sys.executable, "-m", "rlhf.run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A private local Ray instance (never joins another cluster); 4 logical CPUs so actors asking 0.5 fit, and 2
+    logical GPUs so placement logic runs on a CPU host (torch still sees no CUDA)."""
+    import ray
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    yield ray
+    ray.shutdown()

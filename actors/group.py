@@ -1,0 +1,75 @@
+"""`TrainerGroup`: N ranks of a DeepSpeed worker (PolicyTrainer, Critic) as Ray actors forming one torch.distributed
+group. Its methods are explicit: each splits the batch into per-rank shards (a pure function), calls every rank,
+and gathers. Every wait has a timeout; a dead rank is reported by role and rank."""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from actors.remote import make_actor, ray_get
+from rlhf.batch import Batch, split_batch
+
+
+def _probe_address() -> tuple[str, int]:
+    import ray
+
+    from actors.dist import free_port
+    return ray.util.get_node_ip_address(), free_port()
+
+
+class TrainerGroup:
+    def __init__(self, cls: type, role: str, world_size: int, options: Optional[Sequence[dict]] = None,
+                 timeout_s: float = 1800.0, **kwargs):
+        """Start `world_size` actors of `cls(..., rank=i, world_size=N, master_addr=..., master_port=...)`.
+        `options[i]` are rank i's Ray options (placement bundle, resources)."""
+        import ray
+
+        options = list(options or [{}] * world_size)
+        probe = ray.remote(_probe_address).options(num_cpus=0, **_placement_only(options[0]))
+        addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
+        self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
+        self.roles = [f"{role} {i}" for i in range(world_size)]
+        self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size, master_addr=addr,
+                                  master_port=port, **kwargs) for i in range(world_size)]
+        self._wait([a.__ray_ready__.remote() for a in self.actors])
+
+    def _wait(self, refs: list) -> list:
+        return ray_get(refs, self.timeout_s, self.roles)
+
+    def _scatter(self, call: Callable, batch: Batch) -> list:
+        return self._wait([call(a, shard) for a, shard in zip(self.actors, split_batch(batch, self.world_size))])
+
+    def _all(self, call: Callable) -> list:
+        return self._wait([call(a) for a in self.actors])
+
+    # ---- typed methods ----
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        return self._scatter(lambda a, b: a.sft_step.remote(b), batch)[0]
+
+    def rl_step(self, batch: Batch, algo) -> dict[str, float]:
+        return self._scatter(lambda a, b: a.rl_step.remote(b, algo), batch)[0]
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))
+
+    def weight_specs(self) -> list:
+        return self._wait([self.actors[0].weight_specs.remote()])[0]
+
+    def export_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Full weights through the driver (tests and small models; syncs use send_weights)."""
+        return self._all(lambda a: a.export_weights.remote())[0]
+
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+        self._all(lambda a: a.save_hf.remote(out_dir, tokenizer_path))
+
+    def kill(self) -> None:
+        import ray
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
+def _placement_only(options: dict) -> dict:
+    """The placement part of a rank's options, for a zero-resource task that must land on the same node."""
+    return {k: v for k, v in options.items() if k == "scheduling_strategy"}
