@@ -76,6 +76,13 @@ class TrainerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     zero_stage: int = 0
+    world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
+
+
+@dataclass
+class PlacementConfig:
+    mode: str = "colocate"  # colocate: all roles share the GPUs | split: each role its own GPUs
+    num_gpus: int = 0  # 0 = CPU only (no GPU requests)
 
 
 @dataclass
@@ -143,6 +150,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -200,9 +208,15 @@ def validate(cfg: RunConfig) -> list[str]:
         positive(f"trainer.{name}", getattr(tr, name))
     if tr.warmup_steps < 0 or tr.weight_decay < 0:
         bad("trainer.warmup_steps/weight_decay", (tr.warmup_steps, tr.weight_decay), "must be >= 0")
-    if tr.micro_batch_size > 0 and tr.batch_size % tr.micro_batch_size:
-        bad("trainer.batch_size", tr.batch_size,
-            f"must be a multiple of trainer.micro_batch_size={tr.micro_batch_size}")
+    positive("trainer.world_size", tr.world_size)
+    if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
+        bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "
+            f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")
+    if cfg.stage == "sft" and tr.world_size != 1:
+        bad("trainer.world_size", tr.world_size, "the sft stage trains in one process; set it to 1")
+    choice("placement.mode", cfg.placement.mode, ("colocate", "split"))
+    if cfg.placement.num_gpus < 0:
+        bad("placement.num_gpus", cfg.placement.num_gpus, "must be >= 0 (0 = CPU only)")
     choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))
     if cfg.stage == "rl":
         _validate_rl(cfg, bad, choice, positive)

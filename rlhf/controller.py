@@ -51,31 +51,37 @@ class RLController:
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
 
     def _start_workers(self) -> None:
+        from actors.group import TrainerGroup
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
         from actors.remote import make_actor
+        from rlhf.placement import Placement
         from rollout.group import RolloutGroup, setup_broadcast
         from rollout.weight_sync import plan_buckets
 
         cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
+        ranks = {"policy": cfg.trainer.world_size, "rollout": r.num_engines}
+        if cfg.algorithm.kl_coef > 0:
+            ranks["reference"] = 1
+        self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-        self.policy = make_actor(PolicyTrainer, "policy trainer 0", {}, self.model_path, cfg.trainer,
-                                 seed=cfg.seed, **common)
-        self.reference = (make_actor(ReferenceModel, "reference model", {}, self.model_path, **common)
-                          if cfg.algorithm.kl_coef > 0 else None)
+        self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
+                                   self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
+                                   seed=cfg.seed, **common)
+        self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
+                                     self.model_path, **common) if "reference" in ranks else None)
         if r.engine == "vllm":
             from rollout.vllm_engine import VLLMEngine as engine_cls
+            engine_kwargs = dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
+                                 multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
+                                 enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate")
         else:
             from rollout.hf_engine import HFEngine as engine_cls
-        engine_kwargs = dict(model_path=self.model_path, max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb,
-                             seed=cfg.seed, multiprocess=r.multiprocess,
-                             gpu_memory_utilization=r.gpu_memory_utilization, **common)
-        if engine_cls.__name__ == "HFEngine":
-            engine_kwargs = dict(model_path=self.model_path, **common)
-        self.rollout = RolloutGroup.create(r.num_engines, engine_kwargs, engine_cls=engine_cls)
-        self.plan = plan_buckets(self._get(self.policy.weight_specs.remote(), "policy trainer 0"),
-                                 r.sync_bucket_mb << 20)
-        setup_broadcast([self.policy], self.rollout)
+            engine_kwargs = {}
+        self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
+                                           self.placement.options["rollout"], engine_cls)
+        self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
+        setup_broadcast(self.policy.actors, self.rollout)
 
     @staticmethod
     def _get(ref, role: str, timeout_s: float = 1800.0):
@@ -89,19 +95,22 @@ class RLController:
         cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
         t = PhaseTimer()
         with t("rollout"):
+            self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
             rows, samples = self._generate(step)
+            self.rollout.call("sleep")
         with t("reward"):
             rewards = self._score(rows, samples)
         batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
         with t("ref"):
-            batch["old_logprobs"] = self._get(self.policy.compute_logprobs.remote(batch), "policy trainer 0")
+            batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
         metrics = self._advantages(batch, rewards)
         with t("train"):
-            metrics.update(self._get(self.policy.rl_step.remote(batch, a), "policy trainer 0"))
+            metrics.update(self.policy.rl_step(batch, a))
         with t("sync"):
-            broadcast_weights([self.policy], self.rollout, self.plan)
+            self.rollout.call("wake_up", ["weights"])
+            broadcast_weights(self.policy.actors, self.rollout, self.plan)
         metrics.update(self._rollout_metrics(batch, rewards, samples))
         return {**metrics, **t.times}
 
@@ -151,6 +160,7 @@ class RLController:
 
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:
+        self.rollout.call("wake_up", ["kv_cache"])
         return evaluate(self.rollout, self.tokenizer, self.eval_rows, self.reward_fn, self.cfg.eval.max_new_tokens)
 
     def fit(self) -> dict[str, float]:
@@ -166,7 +176,7 @@ class RLController:
             row["time/step"] = time.perf_counter() - start
             self.logger.log(step, row)
         out = os.path.join(cfg.output_dir, "final")
-        self._get(self.policy.save_hf.remote(out, self.model_path), "policy trainer 0")
+        self.policy.save_hf(out, self.model_path)
         self.logger.console(f"{cfg.algorithm.name} done: eval/exact_match {first['eval/exact_match']:.3f} -> "
                             f"{row['eval/exact_match']:.3f}, model saved to {out}")
         return row
@@ -175,9 +185,10 @@ class RLController:
         import ray
         self.logger.close()
         self.rollout.shutdown()
-        for actor in (self.policy, self.reference):
-            if actor is not None:
-                ray.kill(actor)
+        self.policy.kill()
+        if self.reference is not None:
+            ray.kill(self.reference)
+        self.placement.remove()
 
 
 def run_rl(cfg: RunConfig) -> dict[str, float]:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 
 @dataclass
@@ -33,10 +33,10 @@ class RolloutEngine(Protocol):
         """Load new weights (Hugging Face names) into the running engine and drop any cached KV."""
 
     def sleep(self) -> None:
-        """Free accelerator memory between rollouts (no-op where unsupported)."""
+        """Free accelerator memory between rollouts (no-op where unsupported, e.g. vLLM on CPU)."""
 
-    def wake_up(self) -> None:
-        ...
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Re-allocate what sleep() freed: ["weights"] before a sync, ["kv_cache"] before generating, None = all."""
 
     def shutdown(self) -> None:
         ...

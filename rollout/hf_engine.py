@@ -87,7 +87,7 @@ class HFEngine:
     def sleep(self) -> None:
         pass
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags=None) -> None:
         pass
 
     def shutdown(self) -> None:

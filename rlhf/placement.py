@@ -1,0 +1,73 @@
+"""Where each role's actors run. `colocate`: every role shares the same GPU bundles through fractional GPU requests
+(phases time-slice the GPUs). `split`: each role gets whole GPUs of its own. With `placement.num_gpus: 0` actors
+only ask for a fraction of a CPU. On a CPU host, `ray.init(num_gpus=k)` makes logical GPUs, so the same logic runs
+(and is tested) without CUDA."""
+from __future__ import annotations
+
+from typing import Optional
+
+from rlhf.errors import UserError
+
+
+def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[list[dict], dict[str, list[tuple]]]:
+    """Bundles for one placement group and, per role, each rank's (bundle index, GPU fraction).
+
+    ranks: role -> number of actors, e.g. {"policy": 2, "rollout": 2}. Pure: no Ray calls.
+    """
+    if mode == "colocate":
+        if max(ranks.values()) > num_gpus:
+            raise UserError(f"placement.num_gpus = {num_gpus}: colocating needs one GPU per rank of the largest "
+                            f"role ({max(ranks, key=ranks.get)} has {max(ranks.values())}); raise num_gpus or use "
+                            "placement.mode=split")
+        share = 1.0 / len(ranks)
+        share = int(share * 1000) / 1000  # fractions must add up to <= 1 per bundle
+        return ([{"GPU": 1, "CPU": 0.5 * len(ranks)} for _ in range(num_gpus)],
+                {role: [(i, share) for i in range(n)] for role, n in ranks.items()})
+    if mode == "split":
+        if sum(ranks.values()) > num_gpus:
+            raise UserError(f"placement.num_gpus = {num_gpus}: split placement needs one GPU per rank of every role "
+                            f"({sum(ranks.values())} for {ranks}); raise num_gpus or use placement.mode=colocate")
+        out, next_bundle = {}, 0
+        for role, n in ranks.items():
+            out[role] = [(next_bundle + i, 1.0) for i in range(n)]
+            next_bundle += n
+        return [{"GPU": 1, "CPU": 0.5} for _ in range(next_bundle)], out
+    raise UserError(f"placement.mode = {mode!r}: must be colocate or split")
+
+
+class Placement:
+    """Ray options for every rank of every role, backed by one placement group (or none on CPU-only runs)."""
+
+    def __init__(self, mode: str, num_gpus: int, ranks: dict[str, int], timeout_s: float = 120.0):
+        self.pg = None
+        self.options: dict[str, list[dict]] = {role: [{} for _ in range(n)] for role, n in ranks.items()}
+        if num_gpus == 0:
+            return
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles, assignment = plan_placement(mode, num_gpus, ranks)
+        self.pg = ray.util.placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            have = ray.cluster_resources().get("GPU", 0)
+            ray.util.remove_placement_group(self.pg)
+            raise UserError(f"placement: {len(bundles)} GPU bundles ({mode}) could not be reserved within "
+                            f"{timeout_s:.0f} s; the cluster has {have:g} GPUs. Lower placement.num_gpus or the "
+                            "number of ranks/engines") from None
+        for role, slots in assignment.items():
+            self.options[role] = [{
+                "num_gpus": frac, "num_cpus": 0.25,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=b),
+            } for b, frac in slots]
+
+    def remove(self) -> None:
+        if self.pg is not None:
+            import ray
+            ray.util.remove_placement_group(self.pg)
+            self.pg = None
+
+
+def colocated(placement: Optional[Placement]) -> bool:
+    return placement is not None and placement.pg is not None

@@ -1,0 +1,56 @@
+"""Placement: the pure plan, and real Ray placement groups on logical GPUs (colocate shares bundles, split does
+not); an unsatisfiable request is a clear error, not a hang."""
+import pytest
+
+from rlhf.errors import UserError
+from rlhf.placement import Placement, plan_placement
+
+
+def test_plan_colocate_shares_bundles():
+    bundles, plan = plan_placement("colocate", 2, {"policy": 2, "reference": 1, "rollout": 2})
+    assert len(bundles) == 2
+    assert plan["policy"] == [(0, 0.333), (1, 0.333)] and plan["reference"] == [(0, 0.333)]
+    assert sum(frac for slots in plan.values() for b, frac in slots if b == 0) <= 1.0
+
+
+def test_plan_split_gives_each_role_its_own_bundles():
+    bundles, plan = plan_placement("split", 4, {"policy": 2, "rollout": 2})
+    assert len(bundles) == 4 and plan == {"policy": [(0, 1.0), (1, 1.0)], "rollout": [(2, 1.0), (3, 1.0)]}
+
+
+@pytest.mark.parametrize("mode, gpus, needle", [("colocate", 1, "one GPU per rank of the largest role"),
+                                                ("split", 3, "one GPU per rank of every role"),
+                                                ("mixed", 4, "must be colocate or split")])
+def test_plan_errors(mode, gpus, needle):
+    with pytest.raises(UserError, match=needle):
+        plan_placement(mode, gpus, {"policy": 2, "rollout": 2})
+
+
+class Where:
+    def gpu(self) -> str:
+        import os
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
+def gpus_by_role(placement, roles):
+    from actors.remote import make_actor, ray_get
+    actors = {r: [make_actor(Where, r, o) for o in placement.options[r]] for r in roles}
+    out = {r: ray_get([a.gpu.remote() for a in acts], 60, [r] * len(acts)) for r, acts in actors.items()}
+    return out
+
+
+@pytest.mark.slow
+def test_logical_gpu_placement(ray_local):
+    ranks = {"policy": 2, "rollout": 2}
+    colo = Placement("colocate", 2, ranks)
+    placed = gpus_by_role(colo, ranks)
+    assert placed["policy"] == placed["rollout"] and len(set(placed["policy"])) == 2
+    colo.remove()
+
+    split = Placement("split", 2, {"policy": 1, "rollout": 1})
+    placed = gpus_by_role(split, {"policy": 1, "rollout": 1})
+    assert placed["policy"] != placed["rollout"]
+    split.remove()
+
+    with pytest.raises(UserError, match="could not be reserved within 2 s; the cluster has 2 GPUs"):
+        Placement("split", 4, {"policy": 2, "rollout": 2}, timeout_s=2)
