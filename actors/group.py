@@ -53,6 +53,12 @@ class TrainerGroup:
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))
 
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._scatter(lambda a, b: a.compute_values.remote(b), batch))
+
+    def value_step(self, batch: Batch, algo) -> dict[str, float]:
+        return self._scatter(lambda a, b: a.value_step.remote(b, algo), batch)[0]
+
     def weight_specs(self) -> list:
         return self._wait([self.actors[0].weight_specs.remote()])[0]
 

@@ -100,8 +100,10 @@ class AlgorithmConfig:
     loss_agg: str = "token-mean"
     ppo_epochs: int = 1
     scale_by_std: bool = True  # grpo; false = Dr. GRPO
-    gamma: float = 1.0
-    lam: float = 0.95
+    gamma: float = 1.0  # ppo (GAE) and reinforce_pp discount
+    lam: float = 0.95  # ppo: GAE lambda
+    critic_lr: float = 1e-4  # ppo: the critic's learning rate (other trainer settings are shared)
+    value_clip: float = 0.2  # ppo: clip range of the value loss
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
 from algorithms import advantages as adv
-from algorithms.common import masked_mean
+from algorithms.common import masked_mean, masked_whiten
 from algorithms.kl import kl_estimate
 from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import RunConfig, to_yaml
@@ -51,6 +52,7 @@ class RLController:
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
 
     def _start_workers(self) -> None:
+        from actors.critic import Critic
         from actors.group import TrainerGroup
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
@@ -63,11 +65,16 @@ class RLController:
         ranks = {"policy": cfg.trainer.world_size, "rollout": r.num_engines}
         if cfg.algorithm.kl_coef > 0:
             ranks["reference"] = 1
+        if cfg.algorithm.name == "ppo":
+            ranks["critic"] = cfg.trainer.world_size
         self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
         self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
                                    self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
                                    seed=cfg.seed, **common)
+        self.critic = (TrainerGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
+                                    model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
+                                    seed=cfg.seed, **common) if "critic" in ranks else None)
         self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
                                      self.model_path, **common) if "reference" in ranks else None)
         if r.engine == "vllm":
@@ -105,9 +112,13 @@ class RLController:
             batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
+            if self.critic is not None:
+                batch["old_values"] = self.critic.compute_values(batch)
         metrics = self._advantages(batch, rewards)
         with t("train"):
             metrics.update(self.policy.rl_step(batch, a))
+            if self.critic is not None:
+                metrics.update(self.critic.value_step(batch, a))
         with t("sync"):
             self.rollout.call("wake_up", ["weights"])
             broadcast_weights(self.policy.actors, self.rollout, self.plan)
@@ -143,8 +154,12 @@ class RLController:
         elif a.name == "reinforce_pp":
             batch["advantages"] = adv.reinforce_pp(rewards, mask, kl if a.kl_in_reward else None, a.kl_coef,
                                                    a.gamma, group_size=n if n > 1 else None)
-        else:
-            raise NotImplementedError(f"algorithm.name = {a.name!r} needs a critic (not wired yet)")
+        else:  # ppo: outcome reward at the last token (minus per-token KL), GAE on the critic's values
+            token_rewards = adv.last_token_mask(mask).float() * rewards[:, None]
+            if kl is not None and a.kl_in_reward:
+                token_rewards = token_rewards - a.kl_coef * kl * mask
+            advantages, batch["returns"] = adv.gae(token_rewards, batch["old_values"], mask, a.gamma, a.lam)
+            batch["advantages"] = masked_whiten(advantages, mask)
         return {"rollout/kl": masked_mean(kl, mask).item()} if kl is not None else {}
 
     def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
@@ -186,6 +201,8 @@ class RLController:
         self.logger.close()
         self.rollout.shutdown()
         self.policy.kill()
+        if self.critic is not None:
+            self.critic.kill()
         if self.reference is not None:
             ray.kill(self.reference)
         self.placement.remove()

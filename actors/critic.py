@@ -1,0 +1,45 @@
+"""`Critic`: per-token value estimates V(s_t) from a backbone with a scalar head (initialised from the policy
+checkpoint; the head is new), trained with the clipped value loss. A plain class hosted by TrainerGroup."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from actors.ds_model import DTYPES, DSModel
+from algorithms.ppo import value_loss
+from rlhf.batch import Batch
+from rlhf.config import AlgorithmConfig, TrainerConfig
+
+
+def _values(mb: Batch, out) -> torch.Tensor:
+    """V of the state before each target token: aligned with loss_mask, (B, L-1) fp32."""
+    return out.logits[:, :-1, 0].float()
+
+
+class Critic:
+    def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
+                 world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
+                 seed: int = 0, trust_remote_code: bool = False):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        def build():
+            config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
+            config.classifier_dropout = 0.0  # values computed for GAE (eval mode) and in training must agree
+            return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=DTYPES[dtype],
+                                                                   trust_remote_code=trust_remote_code)
+        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return self.ds.inference(batch, _values)
+
+    def value_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
+        """`algorithm.ppo_epochs` passes of the clipped value loss; rows hold old_values and returns (B, L-1)."""
+        def loss_fn(mb: Batch, out, normalizer: float):
+            return value_loss(_values(mb, out), mb["old_values"], mb["returns"], mb["loss_mask"], algo.value_clip,
+                              normalizer)
+        metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, "token-mean")
+        metrics["critic/loss"] = metrics.pop("loss")
+        metrics["critic/grad_norm"] = metrics.pop("train/grad_norm")
+        metrics.pop("train/lr")
+        return metrics

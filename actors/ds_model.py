@@ -1,0 +1,127 @@
+"""`DSModel`: one model in a DeepSpeed engine (ZeRO 0-3, fp32/bf16, gradient accumulation, clipping, warm-up LR)
+with the micro-batched optimizer step every trainable role shares. PolicyTrainer, Critic and RewardModel each hold
+one (composition, not inheritance)."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+import torch
+
+from actors.dist import init_deepspeed_distributed
+from rlhf.batch import Batch, split_batch
+from rlhf.config import TrainerConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
+
+
+def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
+    grad_accum = tr.batch_size // (tr.micro_batch_size * world_size)
+    return {
+        "train_batch_size": tr.micro_batch_size * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": tr.micro_batch_size,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": tr.grad_clip,
+        "zero_optimization": {"stage": tr.zero_stage},
+        "bf16": {"enabled": dtype == "bfloat16"},
+        "fp16": {"enabled": dtype == "float16"},
+        "zero_allow_untested_optimizer": True,  # torch AdamW: no 140-170 s C++ optimizer build on CPU
+        "steps_per_print": 10**9,
+    }
+
+
+def warmup_lambda(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class DSModel:
+    def __init__(self, build: Callable[[], torch.nn.Module], tr: TrainerConfig, dtype: str, rank: int,
+                 world_size: int, master_addr: str, master_port: Optional[int], seed: int):
+        """`build()` makes the model after the process group exists and the seed is set (heads init the same)."""
+        import deepspeed
+
+        init_deepspeed_distributed(rank, world_size, master_addr, master_port)
+        torch.manual_seed(seed)
+        self.rank, self.world_size, self.cfg = rank, world_size, tr
+        model = build()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                               config=deepspeed_config(tr, dtype, world_size))
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def __call__(self, mb: Batch):
+        return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+
+    @torch.no_grad()
+    def inference(self, batch: Batch, fn: Callable[[Batch, object], torch.Tensor]) -> torch.Tensor:
+        """fn(micro-batch, model output) over micro-batches without gradients, concatenated along dim 0."""
+        self.engine.eval()
+        mbs = split_batch(batch, max(1, len(batch["input_ids"]) // self.cfg.micro_batch_size))
+        out = torch.cat([fn(mb, self(mb)) for mb in mbs])
+        self.engine.train()
+        return out
+
+    def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
+        """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
+        optimizer step each; returns metrics averaged over steps."""
+        n_mini = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
+        history: dict[str, list[float]] = {}
+        for _ in range(epochs):
+            for mini in split_batch(batch, n_mini):
+                for k, v in self.optimizer_step(mini, loss_fn, agg).items():
+                    history.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in history.items()}
+
+    def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str) -> dict[str, float]:
+        """Forward/backward over micro-batches of `mini`, then one optimizer step.
+
+        Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the
+        world size, since DeepSpeed averages gradients over ranks: the update equals the loss over the whole
+        mini-batch however it is split across micro-batches and ranks.
+        """
+        count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
+        normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
+        micro_batches = split_batch(mini, self.engine.gradient_accumulation_steps())
+        loss_sum, grad_norm, metrics = 0.0, None, {}
+        for i, mb in enumerate(micro_batches):
+            loss, m = loss_fn(mb, self(mb), normalizer)
+            self.engine.backward(loss, scale_wrt_gas=False)
+            if i == len(micro_batches) - 1:
+                grad_norm = self._stage0_grad_norm()
+            self.engine.step()
+            loss_sum += loss.item() / self.world_size
+            for k, v in m.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) / len(micro_batches)
+        metrics["loss"] = self.all_reduce_sum(torch.tensor(loss_sum)).item()
+        metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else self.engine.get_global_grad_norm())
+        metrics["train/lr"] = self.engine.get_lr()[0]
+        return metrics
+
+    def _stage0_grad_norm(self) -> Optional[float]:
+        """ZeRO 1-3 optimizers record the global grad norm; stage 0 in fp32 does not, so compute it (gradients are
+        already averaged over ranks after the boundary backward)."""
+        if self.cfg.zero_stage != 0:
+            return None
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+
+    def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            torch.distributed.all_reduce(x)
+        return x
+
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+        """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
+        Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""
+        state = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
+        if self.rank == 0:
+            os.makedirs(out_dir, exist_ok=True)
+            self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+            if tokenizer_path is not None:
+                from transformers import AutoTokenizer
+                AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
