@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from rlhf.batch import Batch, split_batch
+from rlhf.batch import Batch, chunks, split_batch
 from rlhf.config import TrainerConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,8 +61,7 @@ class DSModel:
     def inference(self, batch: Batch, fn: Callable[[Batch, object], torch.Tensor]) -> torch.Tensor:
         """fn(micro-batch, model output) over micro-batches without gradients, concatenated along dim 0."""
         self.engine.eval()
-        mbs = split_batch(batch, max(1, len(batch["input_ids"]) // self.cfg.micro_batch_size))
-        out = torch.cat([fn(mb, self(mb)) for mb in mbs])
+        out = torch.cat([fn(mb, self(mb)) for mb in chunks(batch, self.cfg.micro_batch_size)])
         self.engine.train()
         return out
 

@@ -10,11 +10,12 @@ import torch
 from actors.dist import free_port
 from actors.ds_model import DTYPES, DSModel
 from algorithms.common import aggregate_loss, masked_mean
+from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
 from algorithms.logprobs import entropy_from_logits, token_logprobs
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
-from rlhf.batch import Batch
+from rlhf.batch import Batch, sequence_logprobs
 from rlhf.config import AlgorithmConfig, TrainerConfig
 from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
 
@@ -66,6 +67,23 @@ class PolicyTrainer:
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
+        return metrics
+
+    def dpo_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
+        """One optimizer step of DPO on interleaved pairs (see rlhf.batch.pack_pairs); rows also hold ref_logps (B,),
+        the reference model's summed completion log-probs."""
+        def loss_fn(mb: Batch, out, normalizer: float):
+            logps = sequence_logprobs(_shifted_logprobs(mb, out), mb["loss_mask"])
+            ref = mb["ref_logps"]
+            loss, m = dpo_loss(logps[0::2], logps[1::2], ref[0::2], ref[1::2], algo.beta, algo.dpo_loss,
+                               algo.label_smoothing)
+            if algo.dpo_nll_coef > 0:  # keeps the chosen answer likely; plain DPO may lower both sides
+                nll = (-logps[0::2] / mb["loss_mask"][0::2].sum(-1).clamp(min=1)).mean()
+                loss = loss + algo.dpo_nll_coef * nll
+                m["dpo/chosen_nll"] = nll.detach()
+            return loss * len(logps) / normalizer, m  # mean over the mini-batch's pairs, not this micro-batch's
+        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean")
+        metrics["train/loss"] = metrics.pop("loss")
         return metrics
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:

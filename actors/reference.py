@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from algorithms.logprobs import token_logprobs
-from rlhf.batch import Batch, split_batch
+from rlhf.batch import Batch, chunks
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,9 +23,8 @@ class ReferenceModel:
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU."""
-        n = max(1, len(batch["input_ids"]) // self.micro_batch_size)
         out = []
-        for mb in split_batch({k: batch[k] for k in ("input_ids", "attention_mask")}, n):
+        for mb in chunks({k: batch[k] for k in ("input_ids", "attention_mask")}, self.micro_batch_size):
             ids = mb["input_ids"].to(self.device)
             logits = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device)).logits
             out.append(token_logprobs(logits[:, :-1], ids[:, 1:]).cpu())

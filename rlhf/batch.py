@@ -63,3 +63,23 @@ def logprob_diff(trainer_logprobs: torch.Tensor, batch: Batch) -> float:
     """Mean |rollout_logprobs - trainer log-probs| over sampled tokens: the engine/trainer agreement check."""
     mask = batch["loss_mask"]
     return ((trainer_logprobs - batch["rollout_logprobs"]).abs() * mask).sum().item() / max(mask.sum().item(), 1)
+
+
+def pack_pairs(prompts: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]],
+               rejected: Sequence[Sequence[int]], pad_id: int) -> Batch:
+    """Preference pairs as 2B interleaved rows (chosen 0, rejected 0, chosen 1, ...), so any even split keeps each
+    pair together."""
+    rows_p = [p for p in prompts for _ in (0, 1)]
+    rows_c = [c for pair in zip(chosen, rejected) for c in pair]
+    return pack_sequences(rows_p, rows_c, pad_id)
+
+
+def sequence_logprobs(token_logprobs: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of completion-token log-probs per row: (B, L-1) -> (B,)."""
+    return (token_logprobs * loss_mask).sum(-1)
+
+
+def chunks(batch: Batch, size: int) -> list[Batch]:
+    """Consecutive pieces of at most `size` rows (the last may be smaller): for inference, where any split works."""
+    rows = len(next(iter(batch.values())))
+    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]

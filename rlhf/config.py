@@ -19,7 +19,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from rlhf.errors import UserError
 from rlhf.tasks import TASKS
 
-STAGES = ("sft", "rl")
+STAGES = ("sft", "rl", "dpo", "rm")
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -104,6 +104,10 @@ class AlgorithmConfig:
     lam: float = 0.95  # ppo: GAE lambda
     critic_lr: float = 1e-4  # ppo: the critic's learning rate (other trainer settings are shared)
     value_clip: float = 0.2  # ppo: clip range of the value loss
+    beta: float = 0.1  # dpo: strength of the implicit KL constraint
+    dpo_loss: str = "sigmoid"  # dpo: sigmoid | ipo | hinge
+    label_smoothing: float = 0.0  # dpo (sigmoid): assumed fraction of flipped labels
+    dpo_nll_coef: float = 0.0  # dpo: + coef x per-token NLL of the chosen answer (RPO, Pang et al. 2024)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
 
 
@@ -127,6 +131,7 @@ class RolloutConfig:
 @dataclass
 class RewardConfig:
     fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
+    model_path: Optional[str] = None  # stage rl: score rollouts with this reward model (an `rm` stage's final/)
 
 
 @dataclass
@@ -214,14 +219,22 @@ def validate(cfg: RunConfig) -> list[str]:
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
         bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "
             f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")
-    if cfg.stage == "sft" and tr.world_size != 1:
-        bad("trainer.world_size", tr.world_size, "the sft stage trains in one process; set it to 1")
+    if cfg.stage != "rl" and tr.world_size != 1:
+        bad("trainer.world_size", tr.world_size, f"the {cfg.stage} stage trains in one process; set it to 1")
     choice("placement.mode", cfg.placement.mode, ("colocate", "split"))
     if cfg.placement.num_gpus < 0:
         bad("placement.num_gpus", cfg.placement.num_gpus, "must be >= 0 (0 = CPU only)")
     choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))
     if cfg.stage == "rl":
         _validate_rl(cfg, bad, choice, positive)
+    if cfg.stage == "dpo":
+        choice("algorithm.dpo_loss", cfg.algorithm.dpo_loss, ("sigmoid", "ipo", "hinge"))
+        positive("algorithm.beta", cfg.algorithm.beta)
+        if not 0 <= cfg.algorithm.label_smoothing < 0.5:
+            bad("algorithm.label_smoothing", cfg.algorithm.label_smoothing, "must be in [0, 0.5)")
+    if cfg.stage in ("dpo", "rm") and tr.micro_batch_size % 2:
+        bad("trainer.micro_batch_size", tr.micro_batch_size, "counts sequences and must be even for preference "
+            "pairs (chosen and rejected stay in the same micro-batch)")
     if cfg.reward.fn is not None and (cfg.reward.fn.count(":") != 1 or not all(cfg.reward.fn.split(":"))):
         bad("reward.fn", cfg.reward.fn, "write it as 'package.module:function'")
     if cfg.eval.every < 0:

@@ -57,6 +57,7 @@ class RLController:
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
         from actors.remote import make_actor
+        from actors.reward_model import RewardModel
         from rlhf.placement import Placement
         from rollout.group import RolloutGroup, setup_broadcast
         from rollout.weight_sync import plan_buckets
@@ -67,6 +68,8 @@ class RLController:
             ranks["reference"] = 1
         if cfg.algorithm.name == "ppo":
             ranks["critic"] = cfg.trainer.world_size
+        if cfg.reward.model_path is not None:
+            ranks["reward"] = 1
         self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
         self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
@@ -75,6 +78,9 @@ class RLController:
         self.critic = (TrainerGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
                                     model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                                     seed=cfg.seed, **common) if "critic" in ranks else None)
+        self.reward_model = (make_actor(RewardModel, "reward model", self.placement.options["reward"][0],
+                                        ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed),
+                                        **common) if "reward" in ranks else None)
         self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
                                      self.model_path, **common) if "reference" in ranks else None)
         if r.engine == "vllm":
@@ -105,16 +111,16 @@ class RLController:
             self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
             rows, samples = self._generate(step)
             self.rollout.call("sleep")
-        with t("reward"):
-            rewards = self._score(rows, samples)
         batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
+        with t("reward"):
+            rewards, metrics = self._score(rows, samples, batch)
         with t("ref"):
             batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
             if self.critic is not None:
                 batch["old_values"] = self.critic.compute_values(batch)
-        metrics = self._advantages(batch, rewards)
+        metrics.update(self._advantages(batch, rewards))
         with t("train"):
             metrics.update(self.policy.rl_step(batch, a))
             if self.critic is not None:
@@ -133,11 +139,18 @@ class RLController:
                                   n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007)
         return rows, self.rollout.generate(ids, sampling)
 
-    def _score(self, rows, samples) -> torch.Tensor:
+    def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Rewards from the reward model when configured (the task's own reward is then only logged), else from
+        the reward function."""
         prompts = [rows[s.prompt_index]["prompt"] for s in samples]
         completions = self.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
         metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in rows[0] if k != "prompt"}
-        return torch.tensor(score(self.reward_fn, prompts, completions, metadata))
+        task = torch.tensor(score(self.reward_fn, prompts, completions, metadata))
+        if self.reward_model is None:
+            return task, {}
+        rm = {k: batch[k] for k in ("input_ids", "attention_mask")}
+        return self._get(self.reward_model.score.remote(rm), "reward model"), {
+            "rollout/task_reward_mean": task.mean().item()}
 
     def _advantages(self, batch, rewards: torch.Tensor) -> dict[str, float]:
         """Token-level advantages into batch["advantages"]; returns KL metrics."""
@@ -203,8 +216,9 @@ class RLController:
         self.policy.kill()
         if self.critic is not None:
             self.critic.kill()
-        if self.reference is not None:
-            ray.kill(self.reference)
+        for actor in (self.reference, self.reward_model):
+            if actor is not None:
+                ray.kill(actor)
         self.placement.remove()
 
 

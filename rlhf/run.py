@@ -15,6 +15,12 @@ def _stage_runner(stage: str):
     if stage == "sft":
         from rlhf.sft import run_sft
         return run_sft
+    if stage == "dpo":
+        from rlhf.preference import run_dpo
+        return run_dpo
+    if stage == "rm":
+        from rlhf.preference import run_rm
+        return run_rm
     if stage == "rl":
         from rlhf.controller import run_rl
         return run_rl

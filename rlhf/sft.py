@@ -3,13 +3,12 @@ Hugging Face folder (`<output_dir>/final`) that a later stage's `model.path` can
 from __future__ import annotations
 
 import os
-import time
 
 from rlhf.batch import pack_sequences
-from rlhf.config import RunConfig, to_yaml
+from rlhf.config import RunConfig
 from rlhf.data import BatchIterator, prompt_rows
 from rlhf.evaluate import evaluate
-from rlhf.metrics import MetricsLogger
+from rlhf.loop import run_loop
 from rlhf.tiny import ensure_model
 from rollout.rewards import resolve_reward_fn
 
@@ -22,7 +21,6 @@ def tokenize_sft(tokenizer, rows: list[dict]) -> tuple[list[list[int]], list[lis
 
 
 def run_sft(cfg: RunConfig) -> dict[str, float]:
-    """Train, evaluate before/every K steps/after, save. Returns the last metrics row."""
     from transformers import AutoTokenizer
 
     from actors.policy import PolicyTrainer
@@ -33,28 +31,18 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size, cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
-
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                             trust_remote_code=cfg.model.trust_remote_code)
     engine = HFEngine.from_model(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc="sft")
 
-    def run_eval() -> dict[str, float]:
-        return evaluate(engine, tokenizer, eval_rows, reward_fn, cfg.eval.max_new_tokens)
-
-    first = run_eval()
-    logger.log(0, first, advance=False)
-    row: dict[str, float] = {}
-    for step in range(1, cfg.trainer.max_steps + 1):
-        start = time.perf_counter()
+    def step(_: int) -> dict:
         prompts, answers = tokenize_sft(tokenizer, batches.next())
-        row = trainer.sft_step(pack_sequences(prompts, answers, tokenizer.pad_token_id))
-        row["time/step"] = time.perf_counter() - start
-        if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-            row.update(run_eval())
-        logger.log(step, row)
-    trainer.save_hf(os.path.join(cfg.output_dir, "final"), model_path)
-    logger.console(f"sft done: eval/exact_match {first['eval/exact_match']:.3f} -> {row['eval/exact_match']:.3f}, "
-                   f"model saved to {os.path.join(cfg.output_dir, 'final')}")
-    logger.close()
-    return row
+        return trainer.sft_step(pack_sequences(prompts, answers, tokenizer.pad_token_id))
+
+    def save() -> str:
+        out = os.path.join(cfg.output_dir, "final")
+        trainer.save_hf(out, model_path)
+        return out
+
+    return run_loop(cfg, step, lambda: evaluate(engine, tokenizer, eval_rows, reward_fn, cfg.eval.max_new_tokens),
+                    save, "eval/exact_match")[1]

@@ -1,0 +1,60 @@
+"""`RewardModel`: a sequence classifier that scores prompt+completion (the score of the last non-pad token).
+Trained with the Bradley-Terry loss in the `rm` stage; used frozen to score rollouts in RL."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from actors.ds_model import DTYPES, DSModel
+from algorithms.reward import bradley_terry_loss
+from rlhf.batch import Batch, chunks
+from rlhf.config import TrainerConfig
+
+
+def _load(model_path: str, dtype: str, trust_remote_code: bool):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
+    if config.pad_token_id is None:  # needed to find each row's last real token
+        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    return AutoModelForSequenceClassification.from_pretrained(model_path, config=config, dtype=DTYPES[dtype],
+                                                              trust_remote_code=trust_remote_code)
+
+
+class RewardModel:
+    def __init__(self, model_path: str, tr: Optional[TrainerConfig] = None, dtype: str = "float32", rank: int = 0,
+                 world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
+                 seed: int = 0, trust_remote_code: bool = False):
+        """With `tr` the model trains in a DeepSpeed engine; without it, it only scores (frozen, no optimizer)."""
+        self.ds = None
+        if tr is not None:
+            self.ds = DSModel(lambda: _load(model_path, dtype, trust_remote_code), tr, dtype, rank, world_size,
+                              master_addr, master_port, seed)
+            self.model = self.ds.module
+        else:
+            self.model = _load(model_path, dtype, trust_remote_code).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def score(self, batch: Batch, micro_batch_size: int = 32) -> torch.Tensor:
+        """One scalar per row: (B,) fp32."""
+        was_training = self.model.training
+        self.model.eval()
+        out = [self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, 0].float()
+               for mb in chunks(batch, micro_batch_size)]
+        self.model.train(was_training)
+        return torch.cat(out)
+
+    def rm_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step of the Bradley-Terry loss on interleaved pairs (rlhf.batch.pack_pairs)."""
+        def loss_fn(mb: Batch, out, normalizer: float):
+            scores = out.logits[:, 0].float()
+            loss, m = bradley_terry_loss(scores[0::2], scores[1::2])
+            return loss * len(scores) / normalizer, m  # mean over the mini-batch's pairs
+        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean")
+        metrics["train/loss"] = metrics.pop("loss")
+        return metrics
+
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+        self.ds.save_hf(out_dir, tokenizer_path)

@@ -1,0 +1,37 @@
+"""Packing rows into tensors: masks aligned with shifted targets, pairs interleaved, ragged inference chunks."""
+import pytest
+import torch
+
+from rlhf.batch import (chunks, concat_batches, pack_pairs, pack_sequences, samples_to_batch, sequence_logprobs,
+                        split_batch)
+from rollout.engine import Sample
+
+
+def test_pack_sequences_masks_only_completion_targets():
+    b = pack_sequences([[1, 2], [3]], [[4, 5, 6], [7]], pad_id=0)
+    assert b["input_ids"].tolist() == [[1, 2, 4, 5, 6], [3, 7, 0, 0, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    # targets are input_ids[:, 1:] = [2,4,5,6] and [7,0,0,0]
+    assert b["loss_mask"].tolist() == [[False, True, True, True], [True, False, False, False]]
+
+
+def test_samples_to_batch_aligns_rollout_logprobs():
+    s = [Sample(0, [1, 2], [3, 4], [-0.5, -0.25], "stop"), Sample(0, [1], [5], [-1.0], "length")]
+    b = samples_to_batch(s, pad_id=0)
+    assert b["rollout_logprobs"].tolist() == [[0.0, -0.5, -0.25], [-1.0, 0.0, 0.0]]
+    assert sequence_logprobs(b["rollout_logprobs"], b["loss_mask"]).tolist() == [-0.75, -1.0]
+
+
+def test_pack_pairs_interleaves_and_split_keeps_pairs_together():
+    b = pack_pairs([[1], [2]], [[10], [20]], [[11, 12], [21]], pad_id=0)
+    assert b["input_ids"][:, :2].tolist() == [[1, 10], [1, 11], [2, 20], [2, 21]]
+    halves = split_batch(b, 2)
+    assert [h["input_ids"][:, 0].tolist() for h in halves] == [[1, 1], [2, 2]]
+    assert torch.equal(concat_batches(halves)["input_ids"], b["input_ids"])
+
+
+def test_chunks_are_ragged_and_split_batch_is_not():
+    b = {"x": torch.arange(10)}
+    assert [c["x"].tolist() for c in chunks(b, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with pytest.raises(ValueError, match="cannot split 10 rows into 4"):
+        split_batch(b, 4)
