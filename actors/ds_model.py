@@ -45,7 +45,8 @@ class DSModel:
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
         model = build()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
+        optimizer = torch.optim.AdamW(trainable, lr=tr.lr, weight_decay=tr.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=deepspeed_config(tr, dtype, world_size))

@@ -53,6 +53,9 @@ class TrainerGroup:
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))
 
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._scatter(lambda a, b: a.compute_ref_logprobs.remote(b), batch))
+
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_values.remote(b), batch))
 

@@ -16,8 +16,15 @@ from algorithms.logprobs import entropy_from_logits, token_logprobs
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
 from rlhf.batch import Batch, sequence_logprobs
-from rlhf.config import AlgorithmConfig, TrainerConfig
+from rlhf.config import AlgorithmConfig, LoraConfig, TrainerConfig
 from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
+
+
+def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    import peft
+    return peft.get_peft_model(model, peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                      target_modules=list(lora.target_modules),
+                                                      task_type="CAUSAL_LM"))
 
 
 def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
@@ -27,12 +34,15 @@ def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
 class PolicyTrainer:
     def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
-                 seed: int = 0, trust_remote_code: bool = False):
+                 seed: int = 0, trust_remote_code: bool = False, lora: Optional[LoraConfig] = None):
         from transformers import AutoModelForCausalLM
 
+        self.lora = lora if lora is not None and lora.rank > 0 else None
+
         def build():
-            return AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
-                                                        trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
+                                                         trust_remote_code=trust_remote_code)
+            return add_lora(model, self.lora) if self.lora else model
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
         self.rank, self.cfg = rank, tr
 
@@ -90,22 +100,53 @@ class PolicyTrainer:
         """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32."""
         return self.ds.inference(batch, _shifted_logprobs)
 
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """LoRA only: the reference policy is this model with its adapter disabled."""
+        with self.model.disable_adapter():
+            return self.ds.inference(batch, _shifted_logprobs)
+
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
-        self.ds.save_hf(out_dir, tokenizer_path)
+        """Full weights as a Hugging Face folder; with LoRA the merged model there, and the adapter in PEFT format
+        in `<out_dir>_adapter`."""
+        if self.lora is None:
+            return self.ds.save_hf(out_dir, tokenizer_path)
+        if self.rank == 0:
+            self.model.save_pretrained(out_dir.rstrip("/") + "_adapter")
+            merged = dict(self.iter_weights())
+            self.model.get_base_model().save_pretrained(out_dir, state_dict=merged, safe_serialization=True)
+            if tokenizer_path is not None:
+                from transformers import AutoTokenizer
+                AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
 
     # ---- weight export for sync ----
     def weight_specs(self) -> list[TensorSpec]:
-        """Name, full shape and dtype of every parameter, in export order. Tied weights are listed under each of
-        their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite too."""
-        return [spec_of(n, p, getattr(p, "ds_shape", None))
-                for n, p in self.model.named_parameters(remove_duplicate=False)]
+        """Name, full shape and dtype of every exported parameter, in export order. Tied weights are listed under
+        each of their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite."""
+        return [spec_of(n, p, getattr(p, "ds_shape", None)) for n, p, _ in self._export_params()]
+
+    def _export_params(self) -> Iterator[tuple[str, torch.nn.Parameter, Optional[torch.nn.Module]]]:
+        """(checkpoint name, parameter, LoRA layer whose delta must be added or None). With LoRA, adapter weights
+        are skipped and PEFT's names are mapped back to the base model's."""
+        if self.lora is None:
+            for name, p in self.model.named_parameters(remove_duplicate=False):
+                yield name, p, None
+            return
+        layers = {f"{n}.base_layer.weight": m for n, m in self.model.named_modules() if hasattr(m, "get_delta_weight")}
+        for name, p in self.model.named_parameters(remove_duplicate=False):
+            if ".lora_" not in name:
+                yield (name.removeprefix("base_model.model.").replace(".base_layer.", "."), p,
+                       layers.get(name))
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full parameters in `weight_specs` order. Under ZeRO-3 each one is gathered (a collective: every rank must
-        iterate) and copied out before it is re-partitioned."""
+        """Full parameters in `weight_specs` order (LoRA: base + delta, computed without touching the model, so
+        repeated syncs never accumulate merge/unmerge rounding). Under ZeRO-3 each one is gathered (a collective:
+        every rank must iterate) and copied out before it is re-partitioned."""
         import deepspeed
-        for name, p in self.model.named_parameters(remove_duplicate=False):
-            if self.cfg.zero_stage == 3:
+        for name, p, lora_layer in self._export_params():
+            if lora_layer is not None:
+                with torch.no_grad():
+                    yield name, p.data + lora_layer.get_delta_weight(lora_layer.active_adapters[0])
+            elif self.cfg.zero_stage == 3:
                 with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                     yield name, p.data.detach().clone()
             else:

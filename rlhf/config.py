@@ -43,11 +43,23 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """PEFT LoRA on the policy; rank 0 = full fine-tuning. The reference model is then the policy with its
+    adapter disabled (no second copy)."""
+
+    rank: int = 0
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class ModelConfig:
     path: Optional[str] = None  # a local Hugging Face folder; unset = build the tiny model into <output_dir>
     dtype: str = "float32"
     trust_remote_code: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -221,6 +233,15 @@ def validate(cfg: RunConfig) -> list[str]:
             f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")
     if cfg.stage != "rl" and tr.world_size != 1:
         bad("trainer.world_size", tr.world_size, f"the {cfg.stage} stage trains in one process; set it to 1")
+    lora = cfg.model.lora
+    if lora.rank < 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or (lora.rank and not lora.target_modules):
+        bad("model.lora", f"rank={lora.rank} alpha={lora.alpha} dropout={lora.dropout}",
+            "need rank >= 0 (0 = off), alpha > 0, 0 <= dropout < 1 and at least one target module")
+    if lora.rank > 0 and tr.zero_stage == 3:
+        bad("trainer.zero_stage", 3, "LoRA weight export is not written for ZeRO-3 yet; use zero_stage <= 2 (the "
+            "frozen base is small next to optimizer states, which LoRA already removes)")
+    if lora.rank > 0 and cfg.stage in ("rm", "dpo"):
+        bad("model.lora.rank", lora.rank, f"the {cfg.stage} stage trains full weights; set it to 0")
     choice("placement.mode", cfg.placement.mode, ("colocate", "split"))
     if cfg.placement.num_gpus < 0:
         bad("placement.num_gpus", cfg.placement.num_gpus, "must be >= 0 (0 = CPU only)")

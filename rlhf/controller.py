@@ -64,7 +64,8 @@ class RLController:
 
         cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
         ranks = {"policy": cfg.trainer.world_size, "rollout": r.num_engines}
-        if cfg.algorithm.kl_coef > 0:
+        self.lora_reference = cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank > 0  # adapter off = reference
+        if cfg.algorithm.kl_coef > 0 and not self.lora_reference:
             ranks["reference"] = 1
         if cfg.algorithm.name == "ppo":
             ranks["critic"] = cfg.trainer.world_size
@@ -74,7 +75,7 @@ class RLController:
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
         self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
                                    self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
-                                   seed=cfg.seed, **common)
+                                   seed=cfg.seed, lora=cfg.model.lora, **common)
         self.critic = (TrainerGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
                                     model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                                     seed=cfg.seed, **common) if "critic" in ranks else None)
@@ -107,17 +108,13 @@ class RLController:
 
         cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
         t = PhaseTimer()
-        with t("rollout"):
-            self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
-            rows, samples = self._generate(step)
-            self.rollout.call("sleep")
-        batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
-        with t("reward"):
-            rewards, metrics = self._score(rows, samples, batch)
+        samples, batch, rewards, metrics = self._collect(step, t)  # timed as rollout + reward
         with t("ref"):
             batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
+            elif self.lora_reference:
+                batch["ref_logprobs"] = self.policy.compute_ref_logprobs(batch)
             if self.critic is not None:
                 batch["old_values"] = self.critic.compute_values(batch)
         metrics.update(self._advantages(batch, rewards))
@@ -131,12 +128,41 @@ class RLController:
         metrics.update(self._rollout_metrics(batch, rewards, samples))
         return {**metrics, **t.times}
 
-    def _generate(self, step: int):
+    MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
+
+    def _collect(self, step: int, t: PhaseTimer):
+        """Generate and score `prompts_per_step` groups. With algorithm.dynamic_sampling (DAPO, Yu et al. 2025),
+        groups whose rewards are all equal (zero advantage, no signal) are set aside and new prompts refill the
+        batch; if the rounds run out, set-aside groups top it up so the batch size stays fixed."""
+        n, want = self.cfg.rollout.n_samples, self.cfg.rollout.prompts_per_step
+        kept, spare, metrics = [], [], {}
+        rounds = self.MAX_FILL_ROUNDS if self.cfg.algorithm.dynamic_sampling else 1
+        for attempt in range(rounds):
+            with t("rollout"):
+                self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
+                rows, samples = self._generate(step, attempt)
+                self.rollout.call("sleep")
+            batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
+            with t("reward"):
+                rewards, metrics = self._score(rows, samples, batch)
+            if rounds == 1:
+                return samples, batch, rewards, metrics
+            for g, group in enumerate(rewards.view(-1, n)):
+                (kept if (group != group[0]).any() else spare).append((samples[g * n:(g + 1) * n], group))
+            if len(kept) >= want:
+                break
+        chosen = (kept + spare)[:want]
+        samples = [replace(s, prompt_index=i) for i, (group, _) in enumerate(chosen) for s in group]
+        metrics.update({"rollout/kept_group_frac": min(len(kept), want) / want, "rollout/fill_rounds": attempt + 1})
+        return samples, samples_to_batch(samples, self.tokenizer.pad_token_id), torch.cat([r for _, r in chosen]), \
+            metrics
+
+    def _generate(self, step: int, attempt: int = 0):
         r = self.cfg.rollout
         rows = self.prompts.next()
         ids = [self.tokenizer(x["prompt"], add_special_tokens=False).input_ids for x in rows]
         sampling = SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007)
+                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101)
         return rows, self.rollout.generate(ids, sampling)
 
     def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:

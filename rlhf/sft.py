@@ -32,7 +32,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size, cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
-                            trust_remote_code=cfg.model.trust_remote_code)
+                            trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
     engine = HFEngine.from_model(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)
 
     def step(_: int) -> dict:

@@ -57,3 +57,64 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
         assert {"critic/loss", "critic/values_mean", "rollout/task_reward_mean", "rollout/kl"} <= set(r)
         assert r["rollout/logprob_diff"] < 1e-3
     assert rows[1]["rollout/kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any update
+
+
+@pytest.mark.slow
+def test_grpo_dynamic_sampling_refills_uninformative_groups(sft_model, tmp_path):
+    res = run_cli("--config", "examples/sort_grpo.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
+                  "algorithm.dynamic_sampling=true", "trainer.max_steps=2", "eval.every=0", "data.num_eval=16",
+                  timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in read_metrics(str(tmp_path))[1:]:
+        assert 0 < r["rollout/kept_group_frac"] <= 1 and 1 <= r["rollout/fill_rounds"] <= 4
+        assert r["rollout/logprob_diff"] < 1e-3
+
+
+def _free_port() -> int:
+    from actors.dist import free_port
+    return free_port()
+
+
+@pytest.mark.slow
+def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
+    """`ray job submit --working-dir . -- python -m rlhf.run ...` against a head this test starts on free
+    127.0.0.1 ports and then stops by its own process group (never `ray stop`, which kills every Ray on the host)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    import shutil
+    import tempfile
+
+    bin_dir = os.path.dirname(sys.executable)
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Unix socket paths under it must stay < 108 chars
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=ROOT)
+    gcs, dash = _free_port(), _free_port()
+    head = subprocess.Popen(
+        [os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+         f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", "--num-cpus=4",
+         f"--temp-dir={ray_tmp}"],
+        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out = tmp_path / "job"
+        cmd = [os.path.join(bin_dir, "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}",
+               "--working-dir", ".", "--", "python", "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml",
+               f"model.path={sft_model}", f"output_dir={out}", "trainer.max_steps=2", "eval.every=0",
+               "data.num_eval=16"]
+        deadline, res = time.time() + 120, None
+        while time.time() < deadline:  # the dashboard answers a few seconds after the head starts
+            res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            if "Connection refused" not in res.stderr + res.stdout and "Failed to connect" not in res.stderr:
+                break
+            time.sleep(3)
+        assert res.returncode == 0, (res.stdout[-3000:], res.stderr[-3000:])
+        assert "succeeded" in res.stdout
+        assert [r["step"] for r in read_metrics(str(out))] == [0, 1, 2]
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
