@@ -30,6 +30,12 @@ class Critic:
                                                                    trust_remote_code=trust_remote_code)
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
 
+    def save_checkpoint(self, path: str) -> None:
+        self.ds.save_checkpoint(path, "critic")
+
+    def load_checkpoint(self, path: str) -> None:
+        self.ds.load_checkpoint(path, "critic")
+
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.ds.inference(batch, _values)
 

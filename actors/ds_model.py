@@ -115,6 +115,16 @@ class DSModel:
             torch.distributed.all_reduce(x)
         return x
 
+    def save_checkpoint(self, path: str, tag: str) -> None:
+        """Model, optimizer, scheduler and this rank's RNG (collective: every rank calls it)."""
+        self.engine.save_checkpoint(path, tag=tag, client_state={"torch_rng": torch.get_rng_state()})
+
+    def load_checkpoint(self, path: str, tag: str) -> None:
+        _, client = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if client and "torch_rng" in client:
+            torch.set_rng_state(client["torch_rng"])
+
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
         Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""

@@ -72,6 +72,12 @@ class TrainerGroup:
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         self._all(lambda a: a.save_hf.remote(out_dir, tokenizer_path))
 
+    def save_checkpoint(self, path: str) -> None:
+        self._all(lambda a: a.save_checkpoint.remote(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        self._all(lambda a: a.load_checkpoint.remote(path))
+
     def kill(self) -> None:
         import ray
         for a in self.actors:

@@ -96,6 +96,12 @@ class PolicyTrainer:
         metrics["train/loss"] = metrics.pop("loss")
         return metrics
 
+    def save_checkpoint(self, path: str) -> None:
+        self.ds.save_checkpoint(path, "policy")
+
+    def load_checkpoint(self, path: str) -> None:
+        self.ds.load_checkpoint(path, "policy")
+
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32."""
         return self.ds.inference(batch, _shifted_logprobs)

@@ -153,6 +153,13 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 10  # steps between checkpoints (stage rl); 0 = only at the end
+    keep_last: int = 2
+    resume: bool = True  # rerunning the same command continues from the newest complete checkpoint
+
+
+@dataclass
 class LoggingConfig:
     tensorboard: bool = True
     wandb_project: Optional[str] = None  # logs to W&B when set and wandb is installed
@@ -172,6 +179,7 @@ class RunConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
@@ -262,6 +270,9 @@ def validate(cfg: RunConfig) -> list[str]:
         bad("eval.every", cfg.eval.every, "must be >= 0 (0 evaluates only before and after training)")
     positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     positive("logging.console_every", cfg.logging.console_every)
+    positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
+    if cfg.checkpoint.every < 0:
+        bad("checkpoint.every", cfg.checkpoint.every, "must be >= 0 (0 = only at the end)")
     return p
 
 

@@ -19,7 +19,8 @@ from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import RunConfig, to_yaml
 from rlhf.data import BatchIterator, prompt_rows
 from rlhf.evaluate import evaluate
-from rlhf.metrics import MetricsLogger
+from rlhf import checkpoint
+from rlhf.metrics import MetricsLogger, read_metrics
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score
@@ -47,6 +48,9 @@ class RLController:
         self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+        self.resume_from = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
+        if self.resume_from is not None:  # before the logger appends: steps after the checkpoint are redone
+            checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.resume_from)["step"])
         init_ray()
         self._start_workers()
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
@@ -219,21 +223,46 @@ class RLController:
 
     def fit(self) -> dict[str, float]:
         cfg = self.cfg
-        first = self.evaluate()
-        self.logger.log(0, first, advance=False)
+        start_step = self._restore() if self.resume_from else 0
+        if start_step == 0:
+            self.logger.log(0, self.evaluate(), advance=False)
         row: dict[str, float] = {}
-        for step in range(1, cfg.trainer.max_steps + 1):
+        for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             start = time.perf_counter()
             row = self.step(step)
             if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
                 row.update(self.evaluate())
             row["time/step"] = time.perf_counter() - start
             self.logger.log(step, row)
+            if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                self._save_checkpoint(step)
         out = os.path.join(cfg.output_dir, "final")
         self.policy.save_hf(out, self.model_path)
-        self.logger.console(f"{cfg.algorithm.name} done: eval/exact_match {first['eval/exact_match']:.3f} -> "
-                            f"{row['eval/exact_match']:.3f}, model saved to {out}")
+        evals = [r for r in read_metrics(cfg.output_dir) if "eval/exact_match" in r]
+        self.logger.console(f"{cfg.algorithm.name} done: eval/exact_match {evals[0]['eval/exact_match']:.3f} -> "
+                            f"{evals[-1]['eval/exact_match']:.3f}, model saved to {out}")
         return row
+
+    def _save_checkpoint(self, step: int) -> None:
+        tmp = checkpoint.begin(self.cfg.output_dir, step)
+        self.policy.save_checkpoint(tmp)
+        if self.critic is not None:
+            self.critic.save_checkpoint(tmp)
+        self.policy.save_hf(os.path.join(tmp, "policy_hf"), self.model_path)
+        checkpoint.commit(tmp, self.cfg.output_dir, step, {"step": step, "prompts": self.prompts.state()},
+                          self.cfg.checkpoint.keep_last)
+
+    def _restore(self) -> int:
+        """Load the newest complete checkpoint into the workers, push its weights into the engines; returns its step."""
+        from rollout.group import broadcast_weights
+        state = checkpoint.load_driver_state(self.resume_from)
+        self.policy.load_checkpoint(self.resume_from)
+        if self.critic is not None:
+            self.critic.load_checkpoint(self.resume_from)
+        self.prompts.load_state(state["prompts"])
+        broadcast_weights(self.policy.actors, self.rollout, self.plan)
+        self.logger.console(f"resumed from {self.resume_from} (step {state['step']})")
+        return state["step"]
 
     def close(self) -> None:
         import ray

@@ -7,15 +7,6 @@ from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
-def sft_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    res = run_cli("--config", "examples/sort_sft.yaml", f"output_dir={out}", "trainer.max_steps=150", "eval.every=0",
-                  "data.num_eval=32", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out / "final"
-
-
-@pytest.fixture(scope="module")
 def reward_model(sft_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("rm")
     res = run_cli("--config", "examples/sort_rm.yaml", f"output_dir={out}", f"model.path={sft_model}",
