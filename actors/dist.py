@@ -39,6 +39,8 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
     clear_stale_locks(os.environ["TORCH_EXTENSIONS_DIR"])
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank) if not torch.cuda.is_available() else "0",
                       WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
-                      MASTER_PORT=str(master_port or os.environ.get("MASTER_PORT") or free_port()))
+                      # Never an inherited MASTER_PORT: a parent that trained in-process exports its own port,
+                      # and every child would then try to bind the port the parent still holds.
+                      MASTER_PORT=str(master_port or free_port()))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
