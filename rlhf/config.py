@@ -323,17 +323,41 @@ def _load_yaml(path: str) -> DictConfig:
         raise UserError(f"config file not found: {path} (pass an existing YAML file to --config, e.g. "
                         "examples/sort_sft.yaml)")
     try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); is this the right file?") from None
+    if not text.strip():
+        raise UserError(f"{path}: the file is empty; a recipe needs at least `stage:` (see examples/)")
+    try:
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise UserError(f"{path}{line}: YAML syntax error: {getattr(e, 'problem', None) or e}") from None
-    except (UnicodeDecodeError, OmegaConfBaseException, ValueError) as e:
-        raise UserError(f"{path}: cannot read the config: {e}") from None
+    except (OSError, OmegaConfBaseException, ValueError) as e:  # OSError: OmegaConf's "invalid loaded object type"
+        raise UserError(f"{path}: the top level must be a mapping of sections (model:, data:, trainer:, ...); "
+                        f"{e}") from None
     if not isinstance(loaded, DictConfig):
         raise UserError(f"{path}: the top level must be a mapping of sections (model:, data:, trainer:, ...), "
                         f"got {type(loaded).__name__}")
+    _check_sections(loaded, RunConfig, "", path, _key_lines(path))
     return loaded
+
+
+def _check_sections(node: DictConfig, cls: Any, prefix: str, path: str, lines: dict[str, int]) -> None:
+    """A key that names a section (a nested dataclass) must hold a mapping, e.g. `trainer: 5` is an error."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in node.keys():
+        f = fields.get(key)
+        if f is None or not dataclasses.is_dataclass(f.default_factory):
+            continue
+        dotted = f"{prefix}{key}"
+        value = node.get(key)
+        if not isinstance(value, DictConfig):
+            where = f"{path}:{lines[dotted]}" if dotted in lines else path
+            raise UserError(f"{where}: {dotted} must be a section (indented `key: value` lines), got {value!r}")
+        _check_sections(value, f.default_factory, dotted + ".", path, lines)
 
 
 def _parse_overrides(overrides: list[str]) -> DictConfig:

@@ -43,11 +43,11 @@ class RLController:
 
         from actors.remote import init_ray
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
-        self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
-        self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+        self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+        self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
         self.resume_from = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
         if self.resume_from is not None:  # before the logger appends: steps after the checkpoint are redone
             checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.resume_from)["step"])
@@ -110,7 +110,7 @@ class RLController:
     def step(self, step: int) -> dict[str, float]:
         from rollout.group import broadcast_weights
 
-        cfg, a, r = self.cfg, self.cfg.algorithm, self.cfg.rollout
+        a = self.cfg.algorithm
         t = PhaseTimer()
         samples, batch, rewards, metrics = self._collect(step, t)  # timed as rollout + reward
         with t("ref"):

@@ -45,10 +45,10 @@ def run_dpo(cfg: RunConfig) -> dict[str, float]:
     from actors.policy import PolicyTrainer
     from rollout.hf_engine import HFEngine
 
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     train, held_out = preference_rows(cfg.data, "train", cfg.seed), preference_rows(cfg.data, "eval", cfg.seed)
     eval_rows, reward_fn = prompt_rows(cfg.data, "eval", cfg.seed), resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                             trust_remote_code=cfg.model.trust_remote_code)
     # The trainer before its first update *is* the reference: score every pair once, keep no second model.
@@ -82,10 +82,10 @@ def run_rm(cfg: RunConfig) -> dict[str, float]:
 
     from actors.reward_model import RewardModel
 
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     batches = BatchIterator(preference_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size // 2, cfg.seed)
     held_out = preference_rows(cfg.data, "eval", cfg.seed)
+    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+    tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     rm = RewardModel(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                      trust_remote_code=cfg.model.trust_remote_code)
 

@@ -26,11 +26,12 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     from actors.policy import PolicyTrainer
     from rollout.hf_engine import HFEngine
 
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    # Inputs first: a bad data file or reward function fails in seconds, before any model is built or loaded.
     reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size, cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                             trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
     engine = HFEngine.from_model(trainer.model, tokenizer.eos_token_id, tokenizer.pad_token_id)

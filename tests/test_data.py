@@ -1,6 +1,5 @@
 """Data: synthetic tasks, loaders for JSONL / Parquet / datasets folders, their errors, and reward functions."""
 import json
-import random
 
 import pytest
 

@@ -1,6 +1,5 @@
 """The tiny-model kit: a Hugging Face folder that round-trips through transformers, and a tokenizer that encodes and
 decodes the task strings exactly."""
-import random
 
 import pytest
 import torch

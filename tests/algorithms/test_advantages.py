@@ -1,5 +1,4 @@
 """GAE, GRPO, RLOO and REINFORCE++ on hand-computed inputs."""
-import math
 
 import pytest
 import torch

@@ -3,7 +3,6 @@ gradient accumulation, or over 2 data-parallel ranks (real gloo process group). 
 count is what makes this true; a per-micro-batch mean is shown to differ."""
 import os
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

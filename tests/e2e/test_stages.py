@@ -83,7 +83,10 @@ def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
 
     bin_dir = os.path.dirname(sys.executable)
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Unix socket paths under it must stay < 108 chars
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=ROOT)
+    # `make test` does not activate the venv: put its bin first, and name its python in the job's entrypoint, or
+    # the job would run the system python (no torch).
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONPATH=ROOT,
+               PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     gcs, dash = _free_port(), _free_port()
     head = subprocess.Popen(
         [os.path.join(bin_dir, "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
@@ -93,7 +96,7 @@ def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
     try:
         out = tmp_path / "job"
         cmd = [os.path.join(bin_dir, "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}",
-               "--working-dir", ".", "--", "python", "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml",
+               "--working-dir", ".", "--", sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml",
                f"model.path={sft_model}", f"output_dir={out}", "trainer.max_steps=2", "eval.every=0",
                "data.num_eval=16"]
         deadline, res = time.time() + 120, None

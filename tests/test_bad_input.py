@@ -1,0 +1,128 @@
+"""A corpus of malformed configs and data files, each fed to the real CLI: every one must end with exit code 2 and a
+message naming the key or the file, never a traceback or a hang."""
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+
+RL = "stage: rl\n"
+# (id, YAML text or None for "use examples/sort_sft.yaml", extra overrides, text the message must contain)
+CONFIGS = [
+    ("empty-file", "", [], "the file is empty"),
+    ("whitespace-file", "  \n\n", [], "the file is empty"),
+    ("yaml-unclosed-list", "trainer:\n  lr: [1, 2\n", [], ":3: YAML syntax error"),
+    ("yaml-tab-indent", "trainer:\n\tlr: 1\n", [], ":2: YAML syntax error"),
+    ("yaml-bad-mapping", "trainer:\n  lr: 1\n  - x\n", [], "YAML syntax error"),
+    ("top-level-list", "- 1\n- 2\n", [], "top level must be a mapping"),
+    ("top-level-scalar", "42\n", [], "top level must be a mapping"),
+    ("section-is-scalar", "trainer: 5\n", [], ":1: trainer must be a section"),
+    ("nested-section-is-list", "model:\n  tiny: [1, 2]\n", [], "model.tiny must be a section"),
+    ("unknown-top-key", "traner:\n  lr: 1\n", [], "unknown key 'traner'; did you mean 'trainer'"),
+    ("unknown-nested-key", "trainer:\n  lrr: 1\n", [], "unknown key 'trainer.lrr'; did you mean 'trainer.lr'"),
+    ("wrong-type-int", "trainer:\n  batch_size: many\n", [], "trainer.batch_size = 'many'"),
+    ("wrong-type-float", "trainer:\n  lr: fast\n", [], "trainer.lr = 'fast'"),
+    ("wrong-type-bool", "rollout:\n  multiprocess: maybe\n", [], "rollout.multiprocess = 'maybe'"),
+    ("list-for-float", "trainer:\n  lr: [1, 2]\n", [], "trainer.lr = [1, 2]"),
+    ("str-for-list", "model:\n  lora:\n    target_modules: q_proj\n", [], "model.lora.target_modules"),
+    ("negative-lr", "trainer:\n  lr: -1.0\n", [], "trainer.lr = -1.0: must be > 0"),
+    ("zero-batch", "trainer:\n  batch_size: 0\n", [], "trainer.batch_size = 0"),
+    ("batch-not-multiple", "trainer:\n  batch_size: 10\n  micro_batch_size: 4\n", [], "trainer.batch_size = 10"),
+    ("zero-stage-7", "trainer:\n  zero_stage: 7\n", [], "trainer.zero_stage = 7"),
+    ("unknown-stage", "stage: ppo\n", [], "stage = 'ppo': must be one of"),
+    ("unknown-algorithm", RL + "algorithm:\n  name: trpo\n", [], "algorithm.name = 'trpo'"),
+    ("unknown-kl", RL + "algorithm:\n  kl_estimator: k9\n", [], "algorithm.kl_estimator = 'k9'"),
+    ("unknown-agg", RL + "algorithm:\n  loss_agg: mean\n", [], "algorithm.loss_agg = 'mean'"),
+    ("grpo-one-sample", RL + "rollout:\n  n_samples: 1\n", [], "rollout.n_samples = 1"),
+    ("dual-clip-below-1", RL + "algorithm:\n  dual_clip: 0.5\n", [], "algorithm.dual_clip = 0.5"),
+    ("negative-temperature", RL + "rollout:\n  temperature: -1.0\n", [], "rollout.temperature/top_p"),
+    ("reward-fn-format", "reward:\n  fn: mymodule.fn\n", [], "reward.fn = 'mymodule.fn'"),
+    ("heads-not-dividing", "model:\n  tiny:\n    hidden_size: 130\n", [], "model.tiny.hidden_size = 130"),
+    ("head-size-16", "model:\n  tiny:\n    hidden_size: 64\n", [], "gives head size 16"),
+    ("unknown-task", "data:\n  task: sorting\n", [], "data.task = 'sorting'"),
+    ("no-task-no-path", "data:\n  task: null\n", [], "data.train_path = None"),
+    ("min-above-max", "data:\n  min_items: 6\n  max_items: 3\n", [], "data.max_items = 3"),
+    ("bad-placement", RL + "placement:\n  mode: spread\n", [], "placement.mode = 'spread'"),
+    ("keep-zero-checkpoints", "checkpoint:\n  keep_last: 0\n", [], "checkpoint.keep_last = 0"),
+    ("lora-negative", "model:\n  lora:\n    rank: -1\n", [], "model.lora"),
+    ("dpo-odd-micro", "stage: dpo\ntrainer:\n  micro_batch_size: 3\n  batch_size: 9\n", [],
+     "trainer.micro_batch_size = 3"),
+    ("non-utf8-file", b"\xff\xfe\x00stage: sft\n", [], "not UTF-8"),
+    ("huge-file", "".join(f"key_{i}: {i}\n" for i in range(200_000)), [], "YAML node expansion exceeds"),
+    ("override-without-equals", None, ["trainer.lr"], "not of the form dotted.key=value"),
+    ("override-unknown-key", None, ["trainer.lrr=1"], "did you mean 'trainer.lr'"),
+    ("override-wrong-type", None, ["trainer.max_steps=ten"], "trainer.max_steps = 'ten'"),
+    ("missing-config-file", None, ["--config", "/no/such/file.yaml"], "config file not found"),
+]
+
+
+@pytest.mark.parametrize("name, text, overrides, needle", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_malformed_config_exits_2_with_a_message(tmp_path, name, text, overrides, needle):
+    if text is None:
+        args = ["--config", "examples/sort_sft.yaml", *overrides] if "--config" not in overrides else overrides
+    else:
+        path = tmp_path / "bad.yaml"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        args = ["--config", str(path), *overrides]
+    res = run_cli(*args, "--print-config", timeout=120)
+    assert res.returncode == 2, (res.stdout[-500:], res.stderr[-2000:])
+    assert needle in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+
+
+def jsonl(*rows) -> bytes:
+    return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+
+
+GOOD = {"prompt": "sort 2 1 =", "answer": " 1 2"}
+# (id, file suffix, content (bytes) or "dir"/"missing", text the message must contain besides the file name)
+DATA = [
+    ("empty", ".jsonl", b"", "the dataset is empty"),
+    ("blank-lines", ".jsonl", b"\n \n\n", "the dataset is empty"),
+    ("invalid-json", ".jsonl", jsonl(GOOD, GOOD, '{"prompt": "x", "answer"'), ":3: invalid JSON"),
+    ("truncated-last-line", ".jsonl", jsonl(GOOD)[:-1] + b'\n{"prompt": "sort 3 ', ":2: invalid JSON"),
+    ("trailing-garbage", ".jsonl", jsonl(GOOD, json.dumps(GOOD) + " xyz"), ":2: invalid JSON"),
+    ("array-row", ".jsonl", jsonl([1, 2]), ":1: expected a JSON object"),
+    ("scalar-row", ".jsonl", jsonl(GOOD, "7"), ":2: expected a JSON object"),
+    ("missing-prompt", ".jsonl", jsonl(GOOD, {"answer": " 1"}), ":2: missing field 'prompt'"),
+    ("missing-answer", ".jsonl", jsonl({"prompt": "sort 1 ="}), ":1: missing field 'answer'"),
+    ("prompt-is-int", ".jsonl", jsonl({"prompt": 5, "answer": "x"}), "field 'prompt' must be a string"),
+    ("prompt-is-null", ".jsonl", jsonl({"prompt": None, "answer": "x"}), "field 'prompt' must be a string"),
+    ("prompt-is-object", ".jsonl", jsonl({"prompt": {"a": 1}, "answer": "x"}), "field 'prompt' must be a string"),
+    ("non-utf8", ".jsonl", b'{"prompt": "\xff\xfe", "answer": "x"}\n', ":1: not valid UTF-8"),
+    ("utf16-bom", ".jsonl", json.dumps(GOOD).encode("utf-16"), ":1: not valid UTF-8"),
+    ("huge-row-missing-field", ".jsonl", jsonl({"prompt": "x" * 5_000_000}), ":1: missing field 'answer'"),
+    ("csv", ".csv", b"prompt,answer\na,b\n", "unknown data format"),
+    ("txt", ".txt", b"sort 2 1 =\n", "unknown data format"),
+    ("garbage-parquet", ".parquet", b"not a parquet file", "cannot read as Parquet"),
+    ("truncated-parquet", ".parquet", b"PAR1" + b"\x00" * 64 + b"PAR1", "cannot read as Parquet"),
+    ("parquet-wrong-columns", ".parquet", "parquet:question,reply", "missing field 'prompt'"),
+    ("not-a-datasets-folder", "", "dir", "not a folder written by datasets' save_to_disk"),
+    ("missing-file", ".jsonl", "missing", "no such file"),
+]
+
+
+def make_data(tmp_path, suffix, content):
+    path = tmp_path / f"data{suffix}"
+    if content == "dir":
+        path.mkdir()
+        (path / "junk.txt").write_text("x")
+    elif isinstance(content, str) and content.startswith("parquet:"):
+        import datasets
+        cols = content.split(":")[1].split(",")
+        datasets.Dataset.from_list([{c: "x" for c in cols}]).to_parquet(str(path))
+    elif content != "missing":
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("name, suffix, content, needle", DATA, ids=[d[0] for d in DATA])
+def test_malformed_data_exits_2_naming_the_file(tmp_path, name, suffix, content, needle):
+    path = make_data(tmp_path, suffix, content)
+    res = run_cli("--config", "examples/sort_sft.yaml", "data.task=null", f"data.train_path={path}",
+                  f"data.eval_path={path}", "reward.fn=tests.test_data:user_reward", f"output_dir={tmp_path / 'run'}",
+                  "trainer.max_steps=1", timeout=300)
+    assert res.returncode == 2, (res.stdout[-500:], res.stderr[-2000:])
+    assert str(path) in res.stderr and needle in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "run" / "init_model").exists()  # failed before building any model
