@@ -12,10 +12,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def node_address() -> tuple[str, int]:
+    """This node's IP and a free port on it: where a rendezvous (DeepSpeed group, sync group) can listen."""
+    import ray
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def cache_root() -> str:
+    """The project's cache folder (DeepSpeed op builds, vLLM and inductor caches); RLHF_CACHE_DIR overrides it."""
+    return os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
+
+
 def extensions_dir() -> str:
     """A project-owned folder for DeepSpeed's C++ op builds, so they are compiled once and stale locks are ours."""
-    root = os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
-    return os.path.join(root, "torch_extensions")
+    return os.path.join(cache_root(), "torch_extensions")
 
 
 def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:

@@ -7,15 +7,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from actors.dist import node_address
 from actors.remote import make_actor, ray_get
 from rlhf.batch import Batch, split_batch
-
-
-def _probe_address() -> tuple[str, int]:
-    import ray
-
-    from actors.dist import free_port
-    return ray.util.get_node_ip_address(), free_port()
 
 
 class TrainerGroup:
@@ -26,7 +20,7 @@ class TrainerGroup:
         import ray
 
         options = list(options or [{}] * world_size)
-        probe = ray.remote(_probe_address).options(num_cpus=0, **_placement_only(options[0]))
+        probe = ray.remote(node_address).options(num_cpus=0, **_placement_only(options[0]))
         addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
         self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
         self.roles = [f"{role} {i}" for i in range(world_size)]

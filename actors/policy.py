@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from actors.dist import free_port
+from actors.dist import node_address
 from actors.ds_model import DTYPES, DSModel
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
@@ -164,8 +164,7 @@ class PolicyTrainer:
         return weights if self.rank == 0 else []
 
     def sync_address(self) -> tuple[str, int]:
-        import ray
-        return ray.util.get_node_ip_address(), free_port()
+        return node_address()
 
     def init_sync_group(self, host: str, port: int, world_size: int) -> None:
         """Rank 0 joins the trainer->engines sync group as its rank 0; other ranks only take part in gathers."""

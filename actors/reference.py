@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from actors.ds_model import DTYPES
 from algorithms.logprobs import token_logprobs
 from rlhf.batch import Batch, chunks
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ReferenceModel:

@@ -34,11 +34,11 @@ class RolloutGroup:
         whatever the number of engines."""
         n = len(self.engines)
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
-        refs = [e.generate.remote(prompt_ids[lo:hi], replace(sampling, seed=sampling.seed + lo))
-                for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
+        spans = [(e, lo, hi) for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
+        refs = [e.generate.remote(prompt_ids[lo:hi], replace(sampling, seed=sampling.seed + lo)) for e, lo, hi in spans]
         chunks = ray_get(refs, self.timeout_s, self.roles)
         out = []
-        for lo, chunk in zip([b for b, h in zip(bounds, bounds[1:]) if h > b], chunks):
+        for (_, lo, _), chunk in zip(spans, chunks):
             for s in chunk:
                 s.prompt_index += lo
             out += chunk

@@ -13,9 +13,9 @@ class HFEngine:
                  batch_size: int = 64, **_ignored_vllm_options):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        from actors.ds_model import DTYPES
         tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtypes[dtype],
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
                                                      trust_remote_code=trust_remote_code)
         self._setup(model.eval(), tok.eos_token_id, tok.pad_token_id, batch_size)
 

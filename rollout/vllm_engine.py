@@ -8,12 +8,9 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from actors.dist import cache_root
 from rollout.engine import Sample, SamplingConfig
 from rollout.vllm_ext import plan_to_plain
-
-
-def cache_root() -> str:
-    return os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
 
 
 class VLLMEngine:
