@@ -47,5 +47,6 @@ class Critic:
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, "token-mean")
         metrics["critic/loss"] = metrics.pop("loss")
         metrics["critic/grad_norm"] = metrics.pop("train/grad_norm")
+        metrics["critic/skipped_updates"] = metrics.pop("train/skipped_updates")
         metrics.pop("train/lr")
         return metrics

@@ -3,7 +3,9 @@ with the micro-batched optimizer step every trainable role shares. PolicyTrainer
 one (composition, not inheritance)."""
 from __future__ import annotations
 
+import math
 import os
+from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
@@ -24,11 +26,22 @@ def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": tr.grad_clip,
         "zero_optimization": {"stage": tr.zero_stage},
-        "bf16": {"enabled": dtype == "bfloat16"},
+        "bf16": {"enabled": dtype == "bfloat16", "check_grad_overflow": True},  # ZeRO skips inf/NaN grads
         "fp16": {"enabled": dtype == "float16"},
         "zero_allow_untested_optimizer": True,  # torch AdamW: no 140-170 s C++ optimizer build on CPU
         "steps_per_print": 10**9,
     }
+
+
+def restricted_load(path: str, map_location=None):
+    """DeepSpeed unpickles its checkpoint files with weights_only=False, so a crafted file could run code on load.
+    Ours load with weights_only=True: tensors, plain containers and the few DeepSpeed records its ZeRO states hold."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
+        return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def warmup_lambda(warmup_steps: int):
@@ -48,8 +61,10 @@ class DSModel:
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = torch.optim.AdamW(trainable, lr=tr.lr, weight_decay=tr.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
+        self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=deepspeed_config(tr, dtype, world_size))
+        self.engine.checkpoint_engine.load = restricted_load
 
     @property
     def module(self) -> torch.nn.Module:
@@ -68,14 +83,16 @@ class DSModel:
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
-        optimizer step each; returns metrics averaged over steps."""
+        optimizer step each; returns metrics averaged over steps (`train/skipped_updates`: summed)."""
         n_mini = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
         history: dict[str, list[float]] = {}
         for _ in range(epochs):
             for mini in split_batch(batch, n_mini):
                 for k, v in self.optimizer_step(mini, loss_fn, agg).items():
                     history.setdefault(k, []).append(v)
-        return {k: sum(v) / len(v) for k, v in history.items()}
+        out = {k: sum(v) / len(v) for k, v in history.items()}
+        out["train/skipped_updates"] = float(sum(history["train/skipped_updates"]))
+        return out
 
     def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """Forward/backward over micro-batches of `mini`, then one optimizer step.
@@ -83,24 +100,55 @@ class DSModel:
         Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the
         world size, since DeepSpeed averages gradients over ranks: the update equals the loss over the whole
         mini-batch however it is split across micro-batches and ranks.
+
+        A NaN/Inf loss on any micro-batch of any rank, or a NaN/Inf gradient norm, skips the update on every rank
+        (weights, optimizer moments and LR schedule unchanged) and reports `train/skipped_updates` = 1.
         """
         count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
         normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
         micro_batches = split_batch(mini, self.engine.gradient_accumulation_steps())
-        loss_sum, grad_norm, metrics = 0.0, None, {}
+        loss_sum, grad_norm, metrics, bad = 0.0, None, {}, torch.zeros(())
+        skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):
             loss, m = loss_fn(mb, self(mb), normalizer)
+            bad += float(not torch.isfinite(loss.detach()).all())
             self.engine.backward(loss, scale_wrt_gas=False)
-            if i == len(micro_batches) - 1:
+            skip = False
+            if i == len(micro_batches) - 1:  # the boundary: decide together, before any rank steps
                 grad_norm = self._stage0_grad_norm()
-            self.engine.step()
+                bad += float(grad_norm is not None and not math.isfinite(grad_norm))
+                skip = self.all_reduce_sum(bad).item() > 0
+            with self._suppressed_update(skip):
+                self.engine.step()
             loss_sum += loss.item() / self.world_size
             for k, v in m.items():
                 metrics[k] = metrics.get(k, 0.0) + float(v) / len(micro_batches)
+        skipped = skip or self.engine.skipped_steps > skipped_before  # ZeRO 1-3 also skip inf/NaN grads
         metrics["loss"] = self.all_reduce_sum(torch.tensor(loss_sum)).item()
-        metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else self.engine.get_global_grad_norm())
+        if grad_norm is None:
+            grad_norm = self.engine.get_global_grad_norm()
+        metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else "nan")
         metrics["train/lr"] = self.engine.get_lr()[0]
+        metrics["train/skipped_updates"] = float(skipped)
         return metrics
+
+    @contextmanager
+    def _suppressed_update(self, skip: bool):
+        """While `skip`, DeepSpeed's step runs (its counters advance, gradients are cleared) but the wrapped torch
+        optimizer does not move, and the LR schedule is put back afterwards."""
+        if not skip:
+            yield
+            return
+        sched_state, lrs = self._scheduler.state_dict(), [g["lr"] for g in self._optimizer.param_groups]
+        original = self._optimizer.step  # may be the LR scheduler's counting wrapper: put back as found
+        self._optimizer.step = lambda *args, **kwargs: None
+        try:
+            yield
+        finally:
+            self._optimizer.step = original
+            self._scheduler.load_state_dict(sched_state)
+            for group, lr in zip(self._optimizer.param_groups, lrs):
+                group["lr"] = lr
 
     def _stage0_grad_norm(self) -> Optional[float]:
         """ZeRO 1-3 optimizers record the global grad norm; stage 0 in fp32 does not, so compute it (gradients are

@@ -58,3 +58,9 @@ class RewardModel:
 
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         self.ds.save_hf(out_dir, tokenizer_path)
+
+    def save_checkpoint(self, path: str) -> None:
+        self.ds.save_checkpoint(path, "reward_model")
+
+    def load_checkpoint(self, path: str) -> None:
+        self.ds.load_checkpoint(path, "reward_model")

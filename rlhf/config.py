@@ -85,6 +85,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     zero_stage: int = 0
     world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
+    max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
 
 
 @dataclass
@@ -229,8 +230,9 @@ def validate(cfg: RunConfig) -> list[str]:
     _validate_data(d, bad, choice, positive)
     for name in ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip"):
         positive(f"trainer.{name}", getattr(tr, name))
-    if tr.warmup_steps < 0 or tr.weight_decay < 0:
-        bad("trainer.warmup_steps/weight_decay", (tr.warmup_steps, tr.weight_decay), "must be >= 0")
+    if tr.warmup_steps < 0 or tr.weight_decay < 0 or tr.max_bad_steps < 0:
+        bad("trainer.warmup_steps/weight_decay/max_bad_steps", (tr.warmup_steps, tr.weight_decay, tr.max_bad_steps),
+            "must be >= 0")
     positive("trainer.world_size", tr.world_size)
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
         bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "

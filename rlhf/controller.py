@@ -19,6 +19,7 @@ from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import RunConfig, to_yaml
 from rlhf.data import BatchIterator, prompt_rows
 from rlhf.evaluate import evaluate
+from rlhf.loop import BadStepGuard, warn_skipped
 from rlhf import checkpoint
 from rlhf.metrics import MetricsLogger, read_metrics
 from rlhf.tiny import ensure_model
@@ -48,9 +49,10 @@ class RLController:
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
         self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
-        self.resume_from = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
-        if self.resume_from is not None:  # before the logger appends: steps after the checkpoint are redone
-            checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.resume_from)["step"])
+        self.last_checkpoint = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
+        self.guard = BadStepGuard(cfg.trainer.max_bad_steps)
+        if self.last_checkpoint is not None:  # before the logger appends: steps after the checkpoint are redone
+            checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.last_checkpoint)["step"])
         init_ray()
         self._start_workers()
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
@@ -223,7 +225,7 @@ class RLController:
 
     def fit(self) -> dict[str, float]:
         cfg = self.cfg
-        start_step = self._restore() if self.resume_from else 0
+        start_step = self._restore() if self.last_checkpoint else 0
         if start_step == 0:
             self.logger.log(0, self.evaluate(), advance=False)
         row: dict[str, float] = {}
@@ -233,7 +235,10 @@ class RLController:
             if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
                 row.update(self.evaluate())
             row["time/step"] = time.perf_counter() - start
+            if self.guard.observe(row):
+                warn_skipped(self.logger, step, row)
             self.logger.log(step, row)
+            self.guard.check(step, self.last_checkpoint)
             if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
                 self._save_checkpoint(step)
         out = os.path.join(cfg.output_dir, "final")
@@ -249,19 +254,20 @@ class RLController:
         if self.critic is not None:
             self.critic.save_checkpoint(tmp)
         self.policy.save_hf(os.path.join(tmp, "policy_hf"), self.model_path)
-        checkpoint.commit(tmp, self.cfg.output_dir, step, {"step": step, "prompts": self.prompts.state()},
-                          self.cfg.checkpoint.keep_last)
+        self.last_checkpoint = checkpoint.commit(tmp, self.cfg.output_dir, step, {
+            "step": step, "prompts": self.prompts.state(), "guard": self.guard.state()}, self.cfg.checkpoint.keep_last)
 
     def _restore(self) -> int:
         """Load the newest complete checkpoint into the workers, push its weights into the engines; returns its step."""
         from rollout.group import broadcast_weights
-        state = checkpoint.load_driver_state(self.resume_from)
-        self.policy.load_checkpoint(self.resume_from)
+        state = checkpoint.load_driver_state(self.last_checkpoint)
+        self.policy.load_checkpoint(self.last_checkpoint)
         if self.critic is not None:
-            self.critic.load_checkpoint(self.resume_from)
+            self.critic.load_checkpoint(self.last_checkpoint)
         self.prompts.load_state(state["prompts"])
+        self.guard = BadStepGuard(self.cfg.trainer.max_bad_steps, state.get("guard"))
         broadcast_weights(self.policy.actors, self.rollout, self.plan)
-        self.logger.console(f"resumed from {self.resume_from} (step {state['step']})")
+        self.logger.console(f"resumed from {self.last_checkpoint} (step {state['step']})")
         return state["step"]
 
     def close(self) -> None:

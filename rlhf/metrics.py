@@ -63,9 +63,10 @@ def read_metrics(run_dir: str) -> list[dict]:
 
 
 def _plain(v):
+    """Python scalars; NaN/Inf become None (JSON null), so metrics.jsonl stays strict JSON."""
     if hasattr(v, "item"):
         v = v.item()
-    return v
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
 def _fmt(v) -> str:

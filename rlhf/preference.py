@@ -3,8 +3,6 @@ computed once, before the first update. `rm`: a reward model learns the same pai
 pair accuracy. Both save a Hugging Face folder in `<output_dir>/final`."""
 from __future__ import annotations
 
-import os
-
 import torch
 
 from rlhf.batch import Batch, chunks, pack_pairs, sequence_logprobs
@@ -69,12 +67,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, float]:
         return {**evaluate(engine, tok, eval_rows, reward_fn, cfg.eval.max_new_tokens),
                 **_pair_accuracy(ratios[0::2] - ratios[1::2])}
 
-    def save() -> str:
-        out = os.path.join(cfg.output_dir, "final")
-        trainer.save_hf(out, model_path)
-        return out
-
-    return run_loop(cfg, step, eval_fn, save, "eval/exact_match")[1]
+    return run_loop(cfg, step, eval_fn, "eval/exact_match", trainer, batches, model_path)[1]
 
 
 def run_rm(cfg: RunConfig) -> dict[str, float]:
@@ -93,10 +86,5 @@ def run_rm(cfg: RunConfig) -> dict[str, float]:
         scores = torch.cat([rm.score(b) for b in chunks(tokenize_pairs(tok, held_out), 256)])
         return _pair_accuracy(scores[0::2] - scores[1::2])
 
-    def save() -> str:
-        out = os.path.join(cfg.output_dir, "final")
-        rm.save_hf(out, model_path)
-        return out
-
-    return run_loop(cfg, lambda _: rm.rm_step(tokenize_pairs(tok, batches.next())), eval_fn, save,
-                    "eval/pair_accuracy")[1]
+    return run_loop(cfg, lambda _: rm.rm_step(tokenize_pairs(tok, batches.next())), eval_fn,
+                    "eval/pair_accuracy", rm, batches, model_path)[1]

@@ -1,6 +1,7 @@
 """Command-line entry point: `python -m rlhf.run --config FILE [dotted.key=value ...]`.
 
-Bad input (config, data, reward function) ends with exit code 2 and a one-paragraph message, never a traceback.
+Bad input (config, data, reward function) ends with exit code 2 and a one-paragraph message, never a traceback;
+a run that stops itself (consecutive NaN/Inf steps) ends with exit code 3 and a message.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import sys
 
 from rlhf.config import RunConfig, load_config, to_yaml
-from rlhf.errors import UserError
+from rlhf.errors import TrainingStopped, UserError
 
 
 def _stage_runner(stage: str):
@@ -43,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(cfg), end="")
             return 0
         run(cfg)
-    except UserError as e:
+    except (UserError, TrainingStopped) as e:
         print(f"error: {e}", file=sys.stderr)
-        return UserError.exit_code
+        return e.exit_code
     return 0
 
 

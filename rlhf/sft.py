@@ -2,8 +2,6 @@
 Hugging Face folder (`<output_dir>/final`) that a later stage's `model.path` can point to."""
 from __future__ import annotations
 
-import os
-
 from rlhf.batch import pack_sequences
 from rlhf.config import RunConfig
 from rlhf.data import BatchIterator, prompt_rows
@@ -40,10 +38,5 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
         prompts, answers = tokenize_sft(tokenizer, batches.next())
         return trainer.sft_step(pack_sequences(prompts, answers, tokenizer.pad_token_id))
 
-    def save() -> str:
-        out = os.path.join(cfg.output_dir, "final")
-        trainer.save_hf(out, model_path)
-        return out
-
     return run_loop(cfg, step, lambda: evaluate(engine, tokenizer, eval_rows, reward_fn, cfg.eval.max_new_tokens),
-                    save, "eval/exact_match")[1]
+                    "eval/exact_match", trainer, batches, model_path)[1]

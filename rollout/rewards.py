@@ -79,7 +79,8 @@ def resolve_reward_fn(spec: str | None, task: str | None) -> RewardFn:
 
 
 def score(fn: RewardFn, prompts: list[str], completions: list[str], metadata: dict[str, list]) -> list[float]:
-    """Call a reward function and check what it returns: one finite number per completion."""
+    """Call a reward function and check what it returns: one number per completion. NaN/Inf pass through: they
+    make that step's loss non-finite, so its update is skipped and counted (train/skipped_steps)."""
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         rewards = fn(prompts, completions, **metadata)

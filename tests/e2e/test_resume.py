@@ -1,5 +1,6 @@
-"""A GRPO run killed with SIGKILL at a random moment and rerun with the same command continues from its newest
-complete checkpoint, logs every step exactly once, and matches an uninterrupted run step for step."""
+"""A run killed with SIGKILL at a random moment and rerun with the same command continues from its newest complete
+checkpoint, logs every step exactly once, and matches an uninterrupted run step for step: GRPO (Ray actors, vLLM)
+and SFT (the in-process loop the sft/dpo/rm stages share)."""
 import os
 import random
 import signal
@@ -22,13 +23,13 @@ def args(model, out):
             "data.num_eval=16", "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32"]
 
 
-def kill_at_random_moment(cmd_args, out, rng) -> int:
+def kill_at_random_moment(cmd_args, out, rng, last_target: int = STEPS - 1) -> int:
     """Start the run in its own session, wait until it has logged a random step (plus a random delay), then SIGKILL
     the whole process group (driver, local Ray, actors). Returns the last step logged before the kill."""
     proc = subprocess.Popen([sys.executable, "-m", "rlhf.run", *cmd_args], cwd=ROOT, start_new_session=True,
                             env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    target, deadline = rng.randint(2, STEPS - 1), time.time() + 900
+    target, deadline = rng.randint(2, last_target), time.time() + 900
     last = -1
     while proc.poll() is None and time.time() < deadline:
         if os.path.isfile(out / "metrics.jsonl"):
@@ -38,9 +39,20 @@ def kill_at_random_moment(cmd_args, out, rng) -> int:
                 break
         time.sleep(0.2)
     time.sleep(rng.uniform(0.0, 2.0))
+    assert proc.poll() is None, "the run ended before the kill: the test must kill it mid-run"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     return last
+
+
+def assert_same_metrics(ref_out, out, steps: int) -> None:
+    """Every step logged exactly once, and every metric but wall times equal to the uninterrupted run's."""
+    ref, got = read_metrics(str(ref_out)), read_metrics(str(out))
+    assert [r["step"] for r in got] == list(range(steps + 1))
+    for a, b in zip(ref, got):
+        for key, value in a.items():
+            if not key.startswith("time/"):
+                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (a["step"], key)
 
 
 @pytest.mark.slow
@@ -57,11 +69,31 @@ def test_kill_and_resume_matches_uninterrupted_run(sft_model, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert ("resumed from" in res.stdout) == (resumable is not None)
 
-    ref, got = read_metrics(str(ref_out)), read_metrics(str(out))
-    assert [r["step"] for r in got] == list(range(STEPS + 1))
-    for a, b in zip(ref, got):
-        for key, value in a.items():
-            if not key.startswith("time/"):
-                assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (a["step"], key)
+    assert_same_metrics(ref_out, out, STEPS)
     checkpoints = sorted(os.listdir(out / "checkpoints"))
     assert checkpoints == ["step_000004", "step_000006"]  # keep_last=2, no temp folders left behind
+
+
+SFT_STEPS = 30
+
+
+@pytest.mark.slow
+def test_sft_kill_and_resume_matches_uninterrupted_run(tmp_path):
+    def sft_args(out):
+        return ["--config", "examples/sort_sft.yaml", f"output_dir={out}", f"trainer.max_steps={SFT_STEPS}",
+                "checkpoint.every=5", "checkpoint.keep_last=2", "eval.every=10", "data.num_eval=16",
+                "data.num_train=4000", "trainer.warmup_steps=5"]
+
+    ref_out, out = tmp_path / "uninterrupted", tmp_path / "killed"
+    res = run_cli(*sft_args(ref_out), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rng = random.Random(int(os.environ.get("RESUME_TEST_SEED", time.time())))
+    killed_after = kill_at_random_moment(sft_args(out), out, rng, last_target=SFT_STEPS - 10)
+    resumable = checkpoint.latest(str(out))
+    assert 0 <= killed_after < SFT_STEPS
+    res = run_cli(*sft_args(out), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ("resumed from" in res.stdout) == (resumable is not None)
+    assert_same_metrics(ref_out, out, SFT_STEPS)
+    assert sorted(os.listdir(out / "checkpoints")) == ["step_000025", "step_000030"]
+    assert os.path.isfile(out / "checkpoints" / "step_000030" / "model_hf" / "model.safetensors")
