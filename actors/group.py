@@ -44,6 +44,9 @@ class TrainerGroup:
     def rl_step(self, batch: Batch, algo) -> dict[str, float]:
         return self._scatter(lambda a, b: a.rl_step.remote(b, algo), batch)[0]
 
+    def step_logprobs(self) -> torch.Tensor:
+        return torch.cat(self._all(lambda a: a.step_logprobs.remote()))
+
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))
 

@@ -61,13 +61,24 @@ class PolicyTrainer:
 
     def rl_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """`algorithm.ppo_epochs` passes of the clipped policy loss over this rank's rollout rows. Rows hold
-        input_ids, attention_mask, loss_mask, old_logprobs, advantages (B, L-1), and ref_logprobs /
-        rollout_logprobs when the KL-in-loss / TIS options use them."""
+        input_ids, attention_mask, loss_mask, advantages (B, L-1), and ref_logprobs / rollout_logprobs when the
+        KL-in-loss / TIS options use them.
+
+        Rows hold old_logprobs too, unless the update is a single on-policy step (one epoch, one mini-batch): then
+        the weights are still those that generated the rollout, the old log-probs are this forward's own (detached;
+        ratio 1, the same gradient), a separate forward pass is saved, and `step_logprobs()` returns them."""
+        fused = "old_logprobs" not in batch
+        if fused and (algo.ppo_epochs != 1 or len(batch["input_ids"]) * self.ds.world_size != self.cfg.batch_size):
+            raise ValueError("rl_step without old_logprobs needs ppo_epochs == 1 and one mini-batch per rollout")
+        kept: list[torch.Tensor] = []
+
         def loss_fn(mb: Batch, out, normalizer: float):
             logp = _shifted_logprobs(mb, out)
-            loss, m = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"], algo.clip_low,
-                                  algo.clip_high, algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap,
-                                  algo.loss_agg, normalizer)
+            old = logp.detach() if fused else mb["old_logprobs"]
+            if fused:
+                kept.append(old)
+            loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], algo.clip_low, algo.clip_high,
+                                  algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap, algo.loss_agg, normalizer)
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer)
@@ -77,7 +88,12 @@ class PolicyTrainer:
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
+        self._step_logprobs = torch.cat(kept) if fused else None
         return metrics
+
+    def step_logprobs(self) -> torch.Tensor:
+        """This rank's log-probs of its rows from the last rl_step without old_logprobs, taken before the update."""
+        return self._step_logprobs
 
     def dpo_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """One optimizer step of DPO on interleaved pairs (see rlhf.batch.pack_pairs); rows also hold ref_logps (B,),

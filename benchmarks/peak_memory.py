@@ -24,10 +24,10 @@ def tree_rss(root: psutil.Process) -> int:
     return total
 
 
-def main() -> int:
-    cmd = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
+def measure(cmd: list[str], **popen_kwargs) -> tuple[int, int, float]:
+    """Run `cmd` to the end; returns (exit code, peak summed RSS of its process tree in bytes, wall seconds)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, **popen_kwargs)
     root, peak = psutil.Process(proc.pid), 0
     while proc.poll() is None:
         try:
@@ -35,9 +35,14 @@ def main() -> int:
         except psutil.Error:
             pass
         time.sleep(0.2)
-    print(f"peak RSS of the process tree: {peak / 2**30:.2f} GiB; wall {time.perf_counter() - start:.0f} s; "
-          f"exit {proc.returncode}", file=sys.stderr)
-    return proc.returncode
+    return proc.returncode, peak, time.perf_counter() - start
+
+
+def main() -> int:
+    cmd = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
+    code, peak, wall = measure(cmd)
+    print(f"peak RSS of the process tree: {peak / 2**30:.2f} GiB; wall {wall:.0f} s; exit {code}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -51,6 +51,10 @@ class RLController:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
         self.last_checkpoint = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
         self.guard = BadStepGuard(cfg.trainer.max_bad_steps)
+        # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
+        # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
+        self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
+                                   and not (a.kl_coef > 0 and a.kl_in_reward))
         if self.last_checkpoint is not None:  # before the logger appends: steps after the checkpoint are redone
             checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.last_checkpoint)["step"])
         init_ray()
@@ -77,6 +81,7 @@ class RLController:
             ranks["critic"] = cfg.trainer.world_size
         if cfg.reward.model_path is not None:
             ranks["reward"] = 1
+        start = time.perf_counter()
         self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
         self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
@@ -98,10 +103,13 @@ class RLController:
         else:
             from rollout.hf_engine import HFEngine as engine_cls
             engine_kwargs = {}
+        engines_start = time.perf_counter()
+        self.startup = {"time/start_trainers": engines_start - start}  # logged with step 0
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
                                            self.placement.options["rollout"], engine_cls)
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
         setup_broadcast(self.policy.actors, self.rollout)
+        self.startup["time/start_engines"] = time.perf_counter() - engines_start
 
     @staticmethod
     def _get(ref, role: str, timeout_s: float = 1800.0):
@@ -116,16 +124,19 @@ class RLController:
         t = PhaseTimer()
         samples, batch, rewards, metrics = self._collect(step, t)  # timed as rollout + reward
         with t("ref"):
-            batch["old_logprobs"] = self.policy.compute_logprobs(batch)
+            if not self.fused_old_logprobs:
+                batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
                 batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
             elif self.lora_reference:
                 batch["ref_logprobs"] = self.policy.compute_ref_logprobs(batch)
             if self.critic is not None:
                 batch["old_values"] = self.critic.compute_values(batch)
-        metrics.update(self._advantages(batch, rewards))
+        self._advantages(batch, rewards)
         with t("train"):
             metrics.update(self.policy.rl_step(batch, a))
+            if self.fused_old_logprobs:
+                batch["old_logprobs"] = self.policy.step_logprobs()
             if self.critic is not None:
                 metrics.update(self.critic.value_step(batch, a))
         with t("sync"):
@@ -184,28 +195,27 @@ class RLController:
         return self._get(self.reward_model.score.remote(rm), "reward model"), {
             "rollout/task_reward_mean": task.mean().item()}
 
-    def _advantages(self, batch, rewards: torch.Tensor) -> dict[str, float]:
-        """Token-level advantages into batch["advantages"]; returns KL metrics."""
+    def _advantages(self, batch, rewards: torch.Tensor) -> None:
+        """Token-level advantages into batch["advantages"] (and critic targets into batch["returns"] for ppo)."""
         a, n, mask = self.cfg.algorithm, self.cfg.rollout.n_samples, batch["loss_mask"]
-        kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], a.kl_estimator) if "ref_logprobs" in batch \
-            else None
+        kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], a.kl_estimator) \
+            if "ref_logprobs" in batch and a.kl_in_reward else None
         shaped = rewards
-        if kl is not None and a.kl_in_reward and a.name != "reinforce_pp":
+        if kl is not None and a.name != "reinforce_pp":
             shaped = rewards - a.kl_coef * (kl * mask).sum(-1)  # sequence-level penalty (RLOO paper, sec. 3)
         if a.name == "grpo":
             batch["advantages"] = adv.grpo(shaped, n, a.scale_by_std)[:, None] * mask
         elif a.name == "rloo":
             batch["advantages"] = adv.rloo(shaped, n)[:, None] * mask
         elif a.name == "reinforce_pp":
-            batch["advantages"] = adv.reinforce_pp(rewards, mask, kl if a.kl_in_reward else None, a.kl_coef,
-                                                   a.gamma, group_size=n if n > 1 else None)
+            batch["advantages"] = adv.reinforce_pp(rewards, mask, kl, a.kl_coef, a.gamma,
+                                                   group_size=n if n > 1 else None)
         else:  # ppo: outcome reward at the last token (minus per-token KL), GAE on the critic's values
             token_rewards = adv.last_token_mask(mask).float() * rewards[:, None]
-            if kl is not None and a.kl_in_reward:
+            if kl is not None:
                 token_rewards = token_rewards - a.kl_coef * kl * mask
             advantages, batch["returns"] = adv.gae(token_rewards, batch["old_values"], mask, a.gamma, a.lam)
             batch["advantages"] = masked_whiten(advantages, mask)
-        return {"rollout/kl": masked_mean(kl, mask).item()} if kl is not None else {}
 
     def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
         diff = logprob_diff(batch["old_logprobs"], batch)
@@ -214,7 +224,11 @@ class RLController:
                                 f"{self.cfg.rollout.logprob_diff_warn:g}: the engines' weights or numerics differ "
                                 "from the trainer's (a missed sync or a stale prefix cache shows up here)")
         lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
-        return {"rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
+        kl = {}
+        if "ref_logprobs" in batch:
+            kl["rollout/kl"] = masked_mean(kl_estimate(batch["old_logprobs"], batch["ref_logprobs"],
+                                                       self.cfg.algorithm.kl_estimator), batch["loss_mask"]).item()
+        return {**kl, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
                 "rollout/response_len": lengths.mean().item(), "rollout/logprob_diff": diff,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
@@ -227,7 +241,7 @@ class RLController:
         cfg = self.cfg
         start_step = self._restore() if self.last_checkpoint else 0
         if start_step == 0:
-            self.logger.log(0, self.evaluate(), advance=False)
+            self.logger.log(0, {**self.evaluate(), **self.startup}, advance=False)
         row: dict[str, float] = {}
         for step in range(start_step + 1, cfg.trainer.max_steps + 1):
             start = time.perf_counter()

@@ -27,19 +27,20 @@ def add_example(rng: random.Random, d: DataConfig) -> dict:
 
 
 def sort_mistake(rng: random.Random, row: dict) -> str:
-    """A wrong answer a model could plausibly give: unsorted input, a swapped pair, a dropped or repeated number."""
+    """A wrong answer a model could plausibly give, its kind drawn uniformly: the input left unsorted, a swapped
+    pair, a number dropped, repeated, changed to another value or added. The wider the set, the less a reward model
+    trained on these pairs leaves for a policy to exploit (sort_ppo_rm)."""
     target = row["answer"].split()
     given = row["prompt"].split()[1:-1]
-    options = []
-    if given != target:
-        options.append(given)
-    for i in range(len(target) - 1):
-        if target[i] != target[i + 1]:
-            options.append(target[:i] + [target[i + 1], target[i]] + target[i + 2:])
-    drop = rng.randrange(len(target))
-    options.append(target[:drop] + target[drop + 1:])
-    options.append(target[:drop] + [target[drop]] + target[drop:])
-    return " " + " ".join(rng.choice(options))
+    top = max(int(x) for x in target) + 10
+    i = rng.randrange(len(target))
+    other = str(rng.choice([v for v in range(top) if str(v) not in target]))
+    swaps = [target[:j] + [target[j + 1], target[j]] + target[j + 2:] for j in range(len(target) - 1)
+             if target[j] != target[j + 1]]
+    kinds = [[given] if given != target else [], swaps, [target[:i] + target[i + 1:]],
+             [target[:i] + [target[i]] + target[i:]], [target[:i] + [other] + target[i + 1:]],
+             [sorted(target + [other], key=int)]]
+    return " " + " ".join(rng.choice(rng.choice([k for k in kinds if k])))
 
 
 def add_mistake(rng: random.Random, row: dict) -> str:

@@ -54,6 +54,7 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
 def test_grpo_dynamic_sampling_refills_uninformative_groups(sft_model, tmp_path):
     res = run_cli("--config", "examples/sort_grpo.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
                   "algorithm.dynamic_sampling=true", "trainer.max_steps=2", "eval.every=0", "data.num_eval=16",
+                  "trainer.batch_size=256",  # = the rollout batch: one update, old log-probs from its forward
                   timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     for r in read_metrics(str(tmp_path))[1:]:

@@ -1,0 +1,118 @@
+"""The TRL half of benchmarks/vs_trl.py. Runs inside TRL's own virtualenv (never the project's), started by
+vs_trl.py with the repo on PYTHONPATH only so that the identical reward function (rollout.rewards) is used.
+
+    python benchmarks/trl_side.py grpo|dpo --model DIR --data FILE.jsonl --out DIR --steps N [--lr 5e-4]
+
+Writes `<out>/steps.jsonl` (one row per optimizer step: wall seconds, TRL's logged metrics) and the trained model
+in `<out>/final`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+
+def timing_callback(path: str):
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        """Wall time of every optimizer step, and TRL's logged metrics for it, one JSON row per step."""
+
+        def __init__(self):
+            self.last, self.logs, self.file = None, {}, open(path, "w", encoding="utf-8")
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.file.write(json.dumps({"event": "train_begin", "time": time.time()}) + "\n")
+            self.last = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.update(logs or {})
+
+        def on_step_end(self, args, state, control, **kwargs):
+            now = time.perf_counter()
+            row = {"step": state.global_step, "seconds": now - self.last, **self.logs}
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+            self.last, self.logs = now, {}
+
+    return StepTimes()
+
+
+def common_args(a) -> dict:
+    """Settings both trainers share: fp32 on CPU, constant LR, no warm-up, clip 1.0, no saving or reporting."""
+    return dict(output_dir=a.out, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
+                weight_decay=0.0, max_grad_norm=1.0, max_steps=a.steps, logging_steps=1, save_strategy="no",
+                report_to="none", use_cpu=True, bf16=False, fp16=False, seed=0, dataloader_num_workers=0,
+                disable_dropout=True)
+
+
+def run_grpo(a, model, tok, rows: list[dict]):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rollout.rewards import sort_reward
+
+    def reward(prompts, completions, answer, **_):
+        return sort_reward(prompts, completions, answer=answer)
+
+    cfg = GRPOConfig(**common_args(a), per_device_train_batch_size=a.prompts, gradient_accumulation_steps=a.samples,
+                     num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0,
+                     top_k=0, beta=0.0, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group",
+                     shuffle_dataset=False)  # rows come in the order our controller draws them
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    return GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok)
+
+
+def run_dpo(a, model, tok, rows: list[dict]):
+    from datasets import Dataset
+    from torch.utils.data import SequentialSampler
+    from trl import DPOConfig, DPOTrainer
+
+    class InOrder(DPOTrainer):
+        """Pairs in the order our loop draws them (the file's order), not reshuffled."""
+
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    cfg = DPOConfig(**common_args(a), per_device_train_batch_size=a.prompts, beta=0.1, precompute_ref_log_probs=True,
+                    loss_type=["sigmoid", "sft"], loss_weights=[1.0, 1.0])  # = our dpo_nll_coef 1
+    data = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+    return InOrder(model=model, args=cfg, train_dataset=data, processing_class=tok)
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = argparse.ArgumentParser()
+    p.add_argument("algo", choices=["grpo", "dpo"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--prompts", type=int, default=64, help="prompts (grpo) or pairs (dpo) per step")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    a = p.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rows = [json.loads(line) for line in open(a.data, encoding="utf-8")]
+    tok = AutoTokenizer.from_pretrained(a.model)
+    probe = rows[0]["prompt"]
+    assert tok(probe).input_ids == tok(probe, add_special_tokens=False).input_ids, "prompt tokenization differs"
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    os.makedirs(a.out, exist_ok=True)
+    trainer = (run_grpo if a.algo == "grpo" else run_dpo)(a, model, tok, rows)
+    trainer.add_callback(timing_callback(os.path.join(a.out, "steps.jsonl")))
+    trainer.train()
+    trainer.save_model(os.path.join(a.out, "final"))
+    tok.save_pretrained(os.path.join(a.out, "final"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""This project vs Hugging Face TRL on identical inputs, in one run on one machine.
+
+    python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps
+    python benchmarks/vs_trl.py --algo dpo
+    python benchmarks/vs_trl.py --size 25M --steps 10    # where generation dominates
+
+Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
+.cache/vs_trl/), use fp32, one torch thread per process, the same prompts in the same order, the same reward
+function, constant LR, no KL, clip 0.2, one optimizer step per step. GRPO: 64 prompts x 8 samples, <= 16 new tokens,
+temperature 1, lr 5e-4. DPO: 64 pairs per step, beta 0.1 plus the chosen NLL on both sides (TRL's
+loss_type [sigmoid, sft]; ours algorithm.dpo_nll_coef=1), lr 1e-4 (the DPO recipe's; 5e-4 unlearns the task).
+TRL lives in its own virtualenv (.cache/trl-venv, pinned below), created on first use.
+
+Prints: median seconds per step, generated tokens/s (completion tokens / step time), peak RSS of all processes
+together, start-up seconds, greedy eval exact-match of both final models (scored by the same code), our phase
+breakdown, and `ratio: <ours/TRL median step time>`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.common import n_params, print_table  # noqa: E402
+from benchmarks.peak_memory import measure  # noqa: E402
+
+TRL_PINS = ["trl==1.13.0", "transformers==5.19.0", "accelerate==1.15.0", "torch==2.13.0", "datasets==5.2.0",
+            "tokenizers==0.23.3", "requests==2.34.2"]  # trl imports requests without requiring it
+CACHE = os.path.join(ROOT, ".cache", "vs_trl")
+TRL_VENV = os.path.join(ROOT, ".cache", "trl-venv")
+# "1M" is the recipes' tiny model; "25M" is wider and deeper (generation-heavy on CPU).
+MODEL_OVERRIDES = {"1M": [], "25M": ["model.tiny.hidden_size=512", "model.tiny.num_layers=6",
+                                     "model.tiny.num_heads=8", "model.tiny.num_kv_heads=2",
+                                     "model.tiny.intermediate_size=2048"]}
+SFT_STEPS = {"1M": 300, "25M": 300}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def sh(cmd: list[str], **kw) -> None:
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def trl_python() -> str:
+    """TRL's own virtualenv with pinned versions; created once, never shared with the project's."""
+    stamp = os.path.join(TRL_VENV, ".pins")
+    if not os.path.isfile(stamp) or open(stamp).read() != "\n".join(TRL_PINS):
+        sh([sys.executable, "-m", "venv", TRL_VENV])
+        sh([os.path.join(TRL_VENV, "bin", "pip"), "install", "-q", *TRL_PINS])
+        with open(stamp, "w") as f:
+            f.write("\n".join(TRL_PINS))
+    return os.path.join(TRL_VENV, "bin", "python")
+
+
+def run_env() -> dict:
+    return dict(os.environ, PYTHONPATH=ROOT, **ONE_THREAD)
+
+
+def sft_checkpoint(size: str) -> str:
+    out = os.path.join(CACHE, f"sft-{size}")
+    if not os.path.isfile(os.path.join(out, "final", "config.json")):
+        sh([sys.executable, "-m", "rlhf.run", "--config", "examples/sort_sft.yaml", f"output_dir={out}",
+            f"trainer.max_steps={SFT_STEPS[size]}", "eval.every=0", "checkpoint.every=0",
+            *MODEL_OVERRIDES[size]], cwd=ROOT, env=run_env())
+    return os.path.join(out, "final")
+
+
+def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines: int = 1) -> tuple[str, list[str]]:
+    """Our recipe and overrides that pin every setting the comparison shares; `ranks` trainer processes (data
+    parallel) and `engines` vLLM engines, each one torch thread."""
+    common = [f"trainer.world_size={ranks}" if algo == "grpo" else "trainer.world_size=1",f"model.path={model}", f"output_dir={out}", f"trainer.max_steps={steps}", "trainer.warmup_steps=0",
+              "trainer.grad_clip=1.0", "trainer.weight_decay=0.0", "eval.every=0", "checkpoint.every=0",
+              "logging.tensorboard=false", f"data.num_train={steps * 64}"]
+    if algo == "dpo":
+        return "examples/sort_dpo.yaml", common + [
+            "trainer.lr=1e-4", "trainer.batch_size=128", "trainer.micro_batch_size=128", "algorithm.beta=0.1",
+            "algorithm.dpo_loss=sigmoid", "algorithm.dpo_nll_coef=1.0", "algorithm.label_smoothing=0.0"]
+    return "examples/sort_grpo.yaml", common + [
+        "trainer.lr=5e-4", "trainer.batch_size=512", "trainer.micro_batch_size=64", "rollout.prompts_per_step=64",
+        "rollout.n_samples=8", "rollout.max_new_tokens=16", "rollout.temperature=1.0", "rollout.top_p=1.0",
+        f"rollout.num_engines={engines}", "algorithm.name=grpo", "algorithm.kl_coef=0.0", "algorithm.clip_low=0.2",
+        "algorithm.clip_high=0.2", "algorithm.loss_agg=seq-mean-token-mean", "algorithm.scale_by_std=true",
+        "algorithm.ppo_epochs=1"]
+
+
+def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
+    """Our resolved config, and the rows our loop will draw, in its order (what TRL is fed, unshuffled)."""
+    from rlhf.config import load_config
+    from rlhf.data import BatchIterator, preference_rows, prompt_rows
+
+    path, overrides = recipe(algo, model, os.path.join(CACHE, "probe"), steps)
+    cfg = load_config(os.path.join(ROOT, path), overrides)
+    rows = (preference_rows if algo == "dpo" else prompt_rows)(cfg.data, "train", cfg.seed)
+    it = BatchIterator(rows, 64, cfg.seed)
+    return cfg, [r for _ in range(steps) for r in it.next()]
+
+
+def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int) -> dict:
+    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}-{time.strftime('%H%M%S')}")
+    path, overrides = recipe(algo, model, out, steps, ranks, engines)
+    code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
+                               env=run_env())
+    assert code == 0, f"our run failed (exit {code}); see {out}"
+    first, *rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    step_s = [r["time/step"] for r in rows]
+    tokens = [r.get("rollout/response_len", 0.0) * 512 for r in rows]
+    phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
+    phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
+    name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)})"
+    return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
+                tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases)
+
+
+def run_trl(algo: str, model: str, rows: list[dict], steps: int) -> dict:
+    out = os.path.join(CACHE, f"trl-{algo}-{time.strftime('%H%M%S')}")
+    os.makedirs(out, exist_ok=True)
+    data = os.path.join(out, "rows.jsonl")
+    with open(data, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    python = trl_python()
+    code, peak, wall = measure([python, os.path.join(ROOT, "benchmarks", "trl_side.py"), algo, "--model", model,
+                                "--data", data, "--out", out, "--steps", str(steps),
+                                "--lr", "1e-4" if algo == "dpo" else "5e-4"], cwd=out, env=run_env())
+    assert code == 0, f"TRL run failed (exit {code}); see {out}"
+    log = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
+    step_rows = [r for r in log if "step" in r]
+    step_s = [r["seconds"] for r in step_rows]
+    tokens = [r.get("completions/mean_length", 0.0) * 512 for r in step_rows]
+    return dict(name="TRL 1.13", wall=wall, peak=peak, steps=step_s, tokens=tokens, startup=wall - sum(step_s),
+                model=os.path.join(out, "final"), phases={})
+
+
+def exact_match(cfg, model_dir: str) -> float:
+    """Greedy eval of a final model on our held-out prompts, by the same code for both sides."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rlhf.data import prompt_rows
+    from rlhf.evaluate import evaluate
+    from rollout.hf_engine import HFEngine
+    from rollout.rewards import resolve_reward_fn
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return evaluate(HFEngine(model_dir), tok, prompt_rows(cfg.data, "eval", cfg.seed),
+                    resolve_reward_fn(cfg.reward.fn, cfg.data.task), cfg.eval.max_new_tokens)["eval/exact_match"]
+
+
+def report(results: list[dict], start_em: float, algo: str) -> None:
+    rows = []
+    for r in results:
+        med = statistics.median(r["steps"])
+        tok_s = statistics.median(t / s for t, s in zip(r["tokens"], r["steps"])) if algo == "grpo" else "-"
+        rows.append([r["name"], med, tok_s, r["peak"] / 2**30, r["startup"], r["wall"], start_em, r["em"]])
+    print_table(["system", "median s/step", "gen tok/s", "peak RSS GiB", "other s (start, save, exit)", "wall s",
+                 "eval EM before", "eval EM after"], rows)
+    trl = statistics.median(results[0]["steps"])
+    print()
+    for r in results[1:]:
+        print(f"ratio: {statistics.median(r['steps']) / trl:.2f}  (ours / TRL median seconds per step; {r['name']})")
+    for r in results:
+        if r["phases"]:
+            print(f"\n{r['name']}: median seconds per phase (start_*: once, before step 1)")
+            print_table(list(r["phases"]), [list(r["phases"].values())])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algo", choices=["grpo", "dpo"], default="grpo")
+    p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--ours", default="1x1,1x2,2x2", help="our configurations to run, RANKSxENGINES (grpo; dpo runs 1x1)")
+    a = p.parse_args()
+
+    os.environ.update(ONE_THREAD)
+    model = sft_checkpoint(a.size)
+    cfg, rows = inputs(a.algo, model, a.steps)
+    print(f"{a.algo}, {a.size} model ({n_params(model) / 1e6:.1f}M parameters), {a.steps} steps", flush=True)
+    results = [run_trl(a.algo, model, rows, a.steps)]
+    for config in (["1x1"] if a.algo == "dpo" else a.ours.split(",")):
+        ranks, engines = (int(x) for x in config.split("x"))
+        results.append(run_ours(a.algo, model, a.steps, ranks, engines))
+    for r in results:
+        r["em"] = exact_match(cfg, r["model"])
+    report(results, exact_match(cfg, model), a.algo)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""A single on-policy update (one epoch, one mini-batch) takes its old log-probs from the training forward itself:
+the same update as with a separate log-prob pass, and `step_logprobs()` returns that pass's values in row order."""
+import pytest
+import torch
+
+from actors.policy import PolicyTrainer
+from rlhf.config import AlgorithmConfig, TrainerConfig
+from tests.actors.test_trainer_group import sft_batches
+
+
+def test_fused_old_logprobs_give_the_same_update(tiny_model_dir):
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
+    separate, fused, algo = PolicyTrainer(tiny_model_dir, tr), PolicyTrainer(tiny_model_dir, tr), AlgorithmConfig()
+    advantages = torch.randn(len(batch["input_ids"]), 1, generator=torch.Generator().manual_seed(0)) \
+        * batch["loss_mask"]
+    old = separate.compute_logprobs(batch)
+    a = separate.rl_step(dict(batch, old_logprobs=old, advantages=advantages), algo)
+    b = fused.rl_step(dict(batch, advantages=advantages), algo)
+
+    assert torch.allclose(fused.step_logprobs(), old, atol=1e-6)
+    assert b["policy/loss"] == pytest.approx(a["policy/loss"], abs=1e-6)
+    for (name, p), q in zip(separate.model.named_parameters(), fused.model.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+    assert not torch.equal(old, fused.compute_logprobs(batch))  # the update did happen
+
+    with pytest.raises(ValueError, match="ppo_epochs == 1"):
+        fused.rl_step(dict(batch, advantages=advantages), AlgorithmConfig(ppo_epochs=2))
