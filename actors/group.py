@@ -59,6 +59,9 @@ class TrainerGroup:
     def value_step(self, batch: Batch, algo) -> dict[str, float]:
         return self._scatter(lambda a, b: a.value_step.remote(b, algo), batch)[0]
 
+    def export_adapter(self) -> dict[str, bytes]:
+        return self._wait([self.actors[0].export_adapter.remote()])[0]
+
     def weight_specs(self) -> list:
         return self._wait([self.actors[0].weight_specs.remote()])[0]
 

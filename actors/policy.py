@@ -3,6 +3,8 @@ full weights for syncing into rollout engines. A plain class: Ray hosts it (acto
 in-process."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
@@ -141,6 +143,16 @@ class PolicyTrainer:
                 AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
 
     # ---- weight export for sync ----
+    def export_adapter(self) -> dict[str, bytes]:
+        """LoRA only: the adapter as a PEFT folder's files (config + safetensors), for engines that apply LoRA
+        themselves; a few MB instead of the full model. Rank 0 returns it (ZeRO <= 2: the adapter is whole there)."""
+        import tempfile
+        if self.rank != 0:
+            return {}
+        with tempfile.TemporaryDirectory() as tmp:
+            self.model.save_pretrained(tmp)
+            return {name: Path(tmp, name).read_bytes() for name in os.listdir(tmp)}
+
     def weight_specs(self) -> list[TensorSpec]:
         """Name, full shape and dtype of every exported parameter, in export order. Tied weights are listed under
         each of their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite."""

@@ -20,6 +20,7 @@ ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ENGINES = ("vllm", "hf")
+LORA_SYNC = ("adapter", "merged")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's attention kernels support
@@ -134,6 +135,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     multiprocess: bool = False  # vLLM's multiprocess engine: faster decode, 20-40 s longer start on CPU
     sync_bucket_mb: int = 64
+    lora_sync: str = "adapter"  # with LoRA and vLLM: adapter (send only the adapter) | merged (full merged weights)
     logprob_diff_warn: float = 1e-3  # warn when mean |rollout - trainer log-prob| exceeds this
 
 
@@ -280,6 +282,10 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS)
     choice("algorithm.loss_agg", a.loss_agg, LOSS_AGG)
     choice("rollout.engine", r.engine, ENGINES)
+    choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
+    if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
+        bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
+            "rollout.lora_sync=merged")
     for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
                        ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),

@@ -95,11 +95,14 @@ class RLController:
                                         **common) if "reward" in ranks else None)
         self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
                                      self.model_path, **common) if "reference" in ranks else None)
+        # LoRA with vLLM: engines keep the base weights and apply the adapter themselves; only the adapter is synced.
+        self.adapter_sync = m.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter"
         if r.engine == "vllm":
             from rollout.vllm_engine import VLLMEngine as engine_cls
             engine_kwargs = dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
                                  multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
-                                 enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate")
+                                 enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate",
+                                 max_lora_rank=m.lora.rank if self.adapter_sync else 0)
         else:
             from rollout.hf_engine import HFEngine as engine_cls
             engine_kwargs = {}
@@ -108,7 +111,8 @@ class RLController:
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
                                            self.placement.options["rollout"], engine_cls)
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
-        setup_broadcast(self.policy.actors, self.rollout)
+        if not self.adapter_sync:
+            setup_broadcast(self.policy.actors, self.rollout)
         self.startup["time/start_engines"] = time.perf_counter() - engines_start
 
     @staticmethod
@@ -118,8 +122,6 @@ class RLController:
 
     # ---- one step, top to bottom ----
     def step(self, step: int) -> dict[str, float]:
-        from rollout.group import broadcast_weights
-
         a = self.cfg.algorithm
         t = PhaseTimer()
         samples, batch, rewards, metrics = self._collect(step, t)  # timed as rollout + reward
@@ -140,10 +142,18 @@ class RLController:
             if self.critic is not None:
                 metrics.update(self.critic.value_step(batch, a))
         with t("sync"):
-            self.rollout.call("wake_up", ["weights"])
-            broadcast_weights(self.policy.actors, self.rollout, self.plan)
+            self._sync_weights()
         metrics.update(self._rollout_metrics(batch, rewards, samples))
         return {**metrics, **t.times}
+
+    def _sync_weights(self) -> None:
+        """The trainer's new weights into every engine: the LoRA adapter alone, or all weights by broadcast."""
+        from rollout.group import broadcast_weights
+        self.rollout.call("wake_up", ["weights"])
+        if self.adapter_sync:
+            self.rollout.call("load_adapter", self.policy.export_adapter())
+        else:
+            broadcast_weights(self.policy.actors, self.rollout, self.plan)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
@@ -273,14 +283,13 @@ class RLController:
 
     def _restore(self) -> int:
         """Load the newest complete checkpoint into the workers, push its weights into the engines; returns its step."""
-        from rollout.group import broadcast_weights
         state = checkpoint.load_driver_state(self.last_checkpoint)
         self.policy.load_checkpoint(self.last_checkpoint)
         if self.critic is not None:
             self.critic.load_checkpoint(self.last_checkpoint)
         self.prompts.load_state(state["prompts"])
         self.guard = BadStepGuard(self.cfg.trainer.max_bad_steps, state.get("guard"))
-        broadcast_weights(self.policy.actors, self.rollout, self.plan)
+        self._sync_weights()
         self.logger.console(f"resumed from {self.last_checkpoint} (step {state['step']})")
         return state["step"]
 

@@ -34,7 +34,9 @@ def sort_mistake(rng: random.Random, row: dict) -> str:
     given = row["prompt"].split()[1:-1]
     top = max(int(x) for x in target) + 10
     i = rng.randrange(len(target))
-    other = str(rng.choice([v for v in range(top) if str(v) not in target]))
+    near = [v for v in range(int(target[i]) - 3, int(target[i]) + 4) if v >= 0 and str(v) not in target]
+    far = [v for v in range(top) if str(v) not in target]
+    other = str(rng.choice(near if near and rng.random() < 0.5 else far))  # off by a little, or anything
     swaps = [target[:j] + [target[j + 1], target[j]] + target[j + 2:] for j in range(len(target) - 1)
              if target[j] != target[j + 1]]
     kinds = [[given] if given != target else [], swaps, [target[:i] + target[i + 1:]],

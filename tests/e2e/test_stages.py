@@ -1,5 +1,7 @@
 """Every stage from the same CLI, chained like the recipes: SFT -> DPO, SFT -> RM -> PPO (critic) against the
 reward model. Reduced sizes; each asserts what the stage must learn and log."""
+import os
+
 import pytest
 
 from rlhf.metrics import read_metrics
@@ -62,6 +64,18 @@ def test_grpo_dynamic_sampling_refills_uninformative_groups(sft_model, tmp_path)
         assert r["rollout/logprob_diff"] < 1e-3
 
 
+@pytest.mark.slow
+def test_grpo_lora_syncs_only_the_adapter(sft_model, tmp_path):
+    res = run_cli("--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
+                  "trainer.max_steps=3", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
+                  "trainer.lr=1e-2", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))[1:]
+    assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows)  # the engine generated with the synced adapter
+    assert rows[-1]["rollout/kl"] > 0  # the adapter moved away from the base (the reference)
+    assert os.path.isfile(tmp_path / "final_adapter" / "adapter_model.safetensors")
+
+
 def _free_port() -> int:
     from actors.dist import free_port
     return free_port()
@@ -71,7 +85,6 @@ def _free_port() -> int:
 def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
     """`ray job submit --working-dir . -- python -m rlhf.run ...` against a head this test starts on free
     127.0.0.1 ports and then stops by its own process group (never `ray stop`, which kills every Ray on the host)."""
-    import os
     import signal
     import subprocess
     import sys

