@@ -20,24 +20,34 @@ def timing_callback(path: str):
     from transformers import TrainerCallback
 
     class StepTimes(TrainerCallback):
-        """Wall time of every optimizer step, and TRL's logged metrics for it, one JSON row per step."""
+        """Wall time of every optimizer step, and TRL's logged metrics for it, one JSON row per step. The Trainer
+        logs a step's metrics after its on_step_end, so each row is written when its logs arrive."""
 
         def __init__(self):
-            self.last, self.logs, self.file = None, {}, open(path, "w", encoding="utf-8")
+            self.last, self.pending, self.file = None, None, open(path, "w", encoding="utf-8")
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.file.write(json.dumps({"event": "train_begin", "time": time.time()}) + "\n")
             self.last = time.perf_counter()
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self.logs.update(logs or {})
-
         def on_step_end(self, args, state, control, **kwargs):
             now = time.perf_counter()
-            row = {"step": state.global_step, "seconds": now - self.last, **self.logs}
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-            self.last, self.logs = now, {}
+            self._flush()
+            self.pending, self.last = {"step": state.global_step, "seconds": now - self.last}, now
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.pending is not None:
+                self.pending.update(logs or {})
+                self._flush()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self._flush()
+
+        def _flush(self):
+            if self.pending is not None:
+                self.file.write(json.dumps(self.pending) + "\n")
+                self.file.flush()
+                self.pending = None
 
     return StepTimes()
 

@@ -2,7 +2,7 @@
 
     python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps
     python benchmarks/vs_trl.py --algo dpo
-    python benchmarks/vs_trl.py --size 25M --steps 10    # where generation dominates
+    python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
 .cache/vs_trl/), use fp32, one torch thread per process, the same prompts in the same order, the same reward
@@ -39,7 +39,7 @@ TRL_VENV = os.path.join(ROOT, ".cache", "trl-venv")
 MODEL_OVERRIDES = {"1M": [], "25M": ["model.tiny.hidden_size=512", "model.tiny.num_layers=6",
                                      "model.tiny.num_heads=8", "model.tiny.num_kv_heads=2",
                                      "model.tiny.intermediate_size=2048"]}
-SFT_STEPS = {"1M": 300, "25M": 300}
+SFT_STEPS = {"1M": 300, "25M": 150}  # 25M: ~3 s a step on one thread
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 

@@ -68,7 +68,7 @@ def test_grpo_dynamic_sampling_refills_uninformative_groups(sft_model, tmp_path)
 def test_grpo_lora_syncs_only_the_adapter(sft_model, tmp_path):
     res = run_cli("--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
                   "trainer.max_steps=3", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
-                  "trainer.lr=1e-2", timeout=900)
+                  "trainer.lr=1e-2", "rollout.lora_sync=adapter", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))[1:]
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows)  # the engine generated with the synced adapter
