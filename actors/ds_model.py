@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager
+from enum import Enum
 from typing import Callable, Optional
 
 import torch
@@ -44,6 +45,18 @@ def restricted_load(path: str, map_location=None):
         return torch.load(path, map_location=map_location, weights_only=True)
 
 
+def plain_enums(obj):
+    """`obj` with Enum members replaced by their values (DeepSpeed's ZeroStageEnum is an int enum). Python 3.11.2
+    pickles enum members through `getattr`, which a weights-only load must refuse; later 3.11 releases do not."""
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {k: plain_enums(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain_enums(v) for v in obj]
+    return obj
+
+
 def warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
@@ -64,6 +77,8 @@ class DSModel:
         self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=deepspeed_config(tr, dtype, world_size))
+        save = self.engine.checkpoint_engine.save
+        self.engine.checkpoint_engine.save = lambda state_dict, path: save(plain_enums(state_dict), path)
         self.engine.checkpoint_engine.load = restricted_load
 
     @property
