@@ -206,3 +206,24 @@ class PolicyTrainer:
         for _ in weights:  # still take part in every ZeRO-3 gather
             pass
         return 0
+
+    def init_ipc(self, host: str, port: int, engines: list[int], plan: list[list[TensorSpec]]) -> dict:
+        """`ipc` channel: this rank feeds `engines` (their indices) through shared staging buffers; rank 0 hosts the
+        store. Returns each engine's buffer handles."""
+        from rollout.ipc_sync import IpcSender, connect_store
+        self._ipc_store = connect_store(host, port, is_master=self.rank == 0)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self._ipc = IpcSender(self._ipc_store, self.rank, engines, plan, device) if engines else None
+        return self._ipc.handles() if self._ipc else {}
+
+    def ipc_opened(self) -> None:
+        if self._ipc is not None:
+            self._ipc.opened()
+
+    def send_ipc(self, plan: list[list[TensorSpec]]) -> int:
+        weights = self.iter_weights()
+        if self._ipc is not None:
+            return self._ipc.send(weights, plan)
+        for _ in weights:  # feeds no engine, but takes part in every ZeRO-3 gather
+            pass
+        return 0

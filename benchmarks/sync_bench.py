@@ -3,8 +3,10 @@
     python benchmarks/sync_bench.py [--sizes 1M 10M 100M] [--repeats 3] [--engines 1]
 
 broadcast:  trainer actor (rank 0) -> engine actors over the dedicated gloo group, 64 MiB buckets, plus reload
+ipc:        trainer actor -> engine actors on the same host through two shared 64 MiB staging buffers (/dev/shm
+            here; CUDA IPC on a GPU), plus reload
 in_process: trainer and engine in one actor, tensors handed over directly, plus reload
-Both include vLLM's reload_weights and the prefix-cache reset, i.e. what a training step waits for.
+All include vLLM's reload_weights and the prefix-cache reset, i.e. what a training step waits for.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     from actors.policy import PolicyTrainer
     from actors.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rollout.group import RolloutGroup, broadcast_weights, setup_broadcast
+    from rollout.group import RolloutGroup, broadcast_weights, ipc_weights, setup_broadcast, setup_ipc
     from rollout.weight_sync import plan_buckets
 
     path = build(size)
@@ -50,6 +52,9 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     setup_broadcast([trainer], group)
     broadcast_weights([trainer], group, plan)  # warm-up
     bcast = median_time(lambda: broadcast_weights([trainer], group, plan), repeats)
+    setup_ipc([trainer], group, plan)
+    ipc_weights([trainer], group, plan)  # warm-up
+    ipc = median_time(lambda: ipc_weights([trainer], group, plan), repeats)
     group.shutdown()
     ray.kill(trainer)
 
@@ -57,9 +62,10 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     ray_get([hybrid.timed_sync.remote(1)], 600, ["hybrid"])  # warm-up
     inproc = ray_get([hybrid.timed_sync.remote(repeats)], 1200, ["hybrid"])[0]
     ray.kill(hybrid)
-    params = n_params(path)
-    return [[size, f"{params / 1e6:.1f}M", f"{nbytes / 2**20:.0f}", "broadcast", n_engines, bcast, nbytes / bcast / 1e9],
-            [size, f"{params / 1e6:.1f}M", f"{nbytes / 2**20:.0f}", "in_process", 1, inproc, nbytes / inproc / 1e9]]
+    head = [size, f"{n_params(path) / 1e6:.1f}M", f"{nbytes / 2**20:.0f}"]
+    return [head + ["broadcast", n_engines, bcast, nbytes / bcast / 1e9],
+            head + ["ipc", n_engines, ipc, nbytes / ipc / 1e9],
+            head + ["in_process", 1, inproc, nbytes / inproc / 1e9]]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ENGINES = ("vllm", "hf")
 LORA_SYNC = ("adapter", "merged")
+SYNC_CHANNELS = ("auto", "broadcast", "ipc")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's attention kernels support
@@ -135,6 +136,9 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     multiprocess: bool = False  # vLLM's multiprocess engine: faster decode, 20-40 s longer start on CPU
     sync_bucket_mb: int = 64
+    # auto: ipc where every engine can map its trainer rank's memory (same host; on GPUs, the same GPU), else
+    # broadcast | broadcast: torch.distributed from trainer rank 0 | ipc: shared memory / CUDA IPC
+    sync_channel: str = "auto"
     lora_sync: str = "adapter"  # with LoRA and vLLM: adapter (send only the adapter) | merged (full merged weights)
     logprob_diff_warn: float = 1e-3  # warn when mean |rollout - trainer log-prob| exceeds this
 
@@ -283,6 +287,11 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("algorithm.loss_agg", a.loss_agg, LOSS_AGG)
     choice("rollout.engine", r.engine, ENGINES)
     choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
+    choice("rollout.sync_channel", r.sync_channel, SYNC_CHANNELS)
+    pl = cfg.placement
+    if r.sync_channel == "ipc" and pl.num_gpus > 0 and (pl.mode != "colocate" or r.num_engines > cfg.trainer.world_size):
+        bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
+            "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
     if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
         bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
             "rollout.lora_sync=merged")

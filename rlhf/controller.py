@@ -68,8 +68,8 @@ class RLController:
         from actors.reference import ReferenceModel
         from actors.remote import make_actor
         from actors.reward_model import RewardModel
-        from rlhf.placement import Placement
-        from rollout.group import RolloutGroup, setup_broadcast
+        from rlhf.placement import Placement, sync_channel
+        from rollout.group import RolloutGroup, setup_sync
         from rollout.weight_sync import plan_buckets
 
         cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
@@ -96,13 +96,13 @@ class RLController:
         self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
                                      self.model_path, **common) if "reference" in ranks else None)
         # LoRA with vLLM: engines keep the base weights and apply the adapter themselves; only the adapter is synced.
-        self.adapter_sync = m.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter"
+        adapter_sync = m.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter"
         if r.engine == "vllm":
             from rollout.vllm_engine import VLLMEngine as engine_cls
             engine_kwargs = dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
                                  multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
                                  enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate",
-                                 max_lora_rank=m.lora.rank if self.adapter_sync else 0)
+                                 max_lora_rank=m.lora.rank if adapter_sync else 0)
         else:
             from rollout.hf_engine import HFEngine as engine_cls
             engine_kwargs = {}
@@ -111,8 +111,12 @@ class RLController:
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
                                            self.placement.options["rollout"], engine_cls)
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
-        if not self.adapter_sync:
-            setup_broadcast(self.policy.actors, self.rollout)
+        self.channel = "adapter"
+        if not adapter_sync:
+            channel = sync_channel(r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines,
+                                   cfg.trainer.world_size)
+            self.channel = setup_sync(channel, self.policy.actors, self.rollout, self.plan, r.sync_channel == "ipc")
+        print(f"weight sync: {self.channel}", flush=True)
         self.startup["time/start_engines"] = time.perf_counter() - engines_start
 
     @staticmethod
@@ -147,13 +151,13 @@ class RLController:
         return {**metrics, **t.times}
 
     def _sync_weights(self) -> None:
-        """The trainer's new weights into every engine: the LoRA adapter alone, or all weights by broadcast."""
-        from rollout.group import broadcast_weights
+        """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
+        from rollout.group import sync_weights
         self.rollout.call("wake_up", ["weights"])
-        if self.adapter_sync:
+        if self.channel == "adapter":
             self.rollout.call("load_adapter", self.policy.export_adapter())
         else:
-            broadcast_weights(self.policy.actors, self.rollout, self.plan)
+            sync_weights(self.channel, self.policy.actors, self.rollout, self.plan)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 

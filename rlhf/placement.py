@@ -71,3 +71,14 @@ class Placement:
 
 def colocated(placement: Optional[Placement]) -> bool:
     return placement is not None and placement.pg is not None
+
+
+def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, world_size: int) -> str:
+    """The weight-sync channel for a run. `auto` takes `ipc` where every engine can map its feeding trainer rank's
+    memory: on a CPU host always (actors on other nodes are caught at set-up), on GPUs only when engine i shares its
+    GPU with trainer rank i (colocate, engines <= ranks). Otherwise `broadcast`."""
+    if requested != "auto":
+        return requested
+    if num_gpus == 0 or (mode == "colocate" and num_engines <= world_size):
+        return "ipc"
+    return "broadcast"

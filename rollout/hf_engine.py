@@ -84,6 +84,15 @@ class HFEngine:
         self.update_weights(named)
         return len(named)
 
+    def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
+        from rollout.ipc_sync import IpcReceiver, connect_store
+        self._ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
+
+    def receive_ipc(self, plan) -> int:
+        named = list(self._ipc.receive(plan))
+        self.update_weights(named)
+        return len(named)
+
     def sleep(self) -> None:
         pass
 

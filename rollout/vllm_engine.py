@@ -67,6 +67,16 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         return n
 
+    def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
+        self.llm.collective_rpc("rlhf_init_ipc", args=(host, port, src, engine, handles))
+
+    def receive_ipc(self, plan) -> int:
+        """`ipc` channel: read every bucket from the feeding trainer rank's shared memory, then drop the prefix
+        cache."""
+        n = self.llm.collective_rpc("rlhf_receive_ipc", args=(plan_to_plain(plan),))[0]
+        self.llm.reset_prefix_cache()
+        return n
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """In-process channel (tensors go by reference; across processes they are sent as safetensors bytes)."""
         named = [(k, v.detach()) for k, v in named_tensors]

@@ -27,6 +27,16 @@ class WeightSyncExtension:
         self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
         return len(named)
 
+    def rlhf_init_ipc(self, host: str, port: int, src: int, engine: int, handles: list) -> None:
+        from rollout.ipc_sync import IpcReceiver, connect_store
+        self._rlhf_ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
+
+    def rlhf_receive_ipc(self, plain_plan: list) -> int:
+        """`ipc` channel: copy every bucket out of the trainer's shared buffers, reload them in one pass."""
+        named = list(self._rlhf_ipc.receive(plan_from_plain(plain_plan)))
+        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        return len(named)
+
     def rlhf_load_tensors(self, named) -> int:
         """In-process channel: `named` is a list of (name, tensor), or safetensors bytes across processes."""
         if isinstance(named, (bytes, bytearray)):

@@ -3,7 +3,7 @@ not); an unsatisfiable request is a clear error, not a hang."""
 import pytest
 
 from rlhf.errors import UserError
-from rlhf.placement import Placement, plan_placement
+from rlhf.placement import Placement, plan_placement, sync_channel
 
 
 def test_plan_colocate_shares_bundles():
@@ -24,6 +24,19 @@ def test_plan_split_gives_each_role_its_own_bundles():
 def test_plan_errors(mode, gpus, needle):
     with pytest.raises(UserError, match=needle):
         plan_placement(mode, gpus, {"policy": 2, "rollout": 2})
+
+
+@pytest.mark.parametrize("requested, mode, gpus, engines, ranks, expected", [
+    ("auto", "colocate", 0, 2, 1, "ipc"),  # CPU host: shared memory reaches every local engine
+    ("auto", "split", 0, 2, 1, "ipc"),
+    ("auto", "colocate", 2, 2, 2, "ipc"),  # engine i shares GPU i with trainer rank i
+    ("auto", "colocate", 2, 2, 1, "broadcast"),  # engine 1 would be alone on GPU 1
+    ("auto", "split", 4, 2, 2, "broadcast"),
+    ("broadcast", "colocate", 2, 2, 2, "broadcast"),
+    ("ipc", "colocate", 0, 2, 1, "ipc"),
+])
+def test_sync_channel_follows_the_placement(requested, mode, gpus, engines, ranks, expected):
+    assert sync_channel(requested, mode, gpus, engines, ranks) == expected
 
 
 class Where:

@@ -36,6 +36,7 @@ def test_sft_then_grpo_learns(tmp_path):
     assert evals[0]["eval/exact_match"] == pytest.approx(sft[-1]["eval/exact_match"], abs=0.02)
     assert evals[-1]["eval/exact_match"] > evals[0]["eval/exact_match"]
     assert "grpo done: eval/exact_match" in res.stdout
+    assert "weight sync: ipc" in res.stdout  # the default on one host: shared memory
 
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(rl_dir / "final").config.model_type == "qwen2"

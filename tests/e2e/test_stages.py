@@ -57,8 +57,9 @@ def test_grpo_dynamic_sampling_refills_uninformative_groups(sft_model, tmp_path)
     res = run_cli("--config", "examples/sort_grpo.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
                   "algorithm.dynamic_sampling=true", "trainer.max_steps=2", "eval.every=0", "data.num_eval=16",
                   "trainer.batch_size=256",  # = the rollout batch: one update, old log-probs from its forward
-                  timeout=900)
+                  "rollout.sync_channel=broadcast", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "weight sync: broadcast" in res.stdout
     for r in read_metrics(str(tmp_path))[1:]:
         assert 0 < r["rollout/kept_group_frac"] <= 1 and 1 <= r["rollout/fill_rounds"] <= 4
         assert r["rollout/logprob_diff"] < 1e-3

@@ -1,4 +1,6 @@
-"""The transformers fallback engine follows the same protocol and reports the sampled tokens' log-probs."""
+"""The transformers fallback engine follows the same protocol, reports the sampled tokens' log-probs and takes weights
+over the ipc channel."""
+import pytest
 import torch
 
 from algorithms.logprobs import token_logprobs
@@ -27,3 +29,29 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
     assert [s.completion_ids for s in engine.generate(prompts, greedy)] == \
         [s.completion_ids for s in engine.generate(prompts, greedy)]
+
+
+@pytest.mark.slow
+def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_model_dir):
+    from actors.policy import PolicyTrainer
+    from actors.remote import make_actor, ray_get
+    from rlhf.config import TrainerConfig
+    from rollout.group import RolloutGroup, ipc_weights, setup_ipc
+    from rollout.weight_sync import plan_buckets
+    from tests.rollout.test_vllm_engine import SAMPLING, prompts_and_batches, remote_diff
+
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
+    tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
+    trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, tr)
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir), engine_cls=HFEngine)
+    try:
+        plan = plan_buckets(ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0], bucket_bytes=128 << 10)
+        setup_ipc([trainer], group, plan)
+        for batch in batches:
+            ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
+            assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) > 1e-2
+            ipc_weights([trainer], group, plan)
+            assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-4
+    finally:
+        group.shutdown()
+        ray_local.kill(trainer)

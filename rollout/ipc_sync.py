@@ -1,0 +1,142 @@
+"""The `ipc` weight-sync channel: engines on the trainer's own device read its memory directly. On a GPU the handles
+are CUDA IPC handles (the engine maps the trainer's buffer; nothing goes through the host); on a CPU host they name
+a /dev/shm file both sides map. Only `allocate_shared`/`share`/`open_shared` know the difference.
+
+Each feeding trainer rank owns two staging buffers of one bucket each, whose handles go to its engines once, at
+set-up. Per bucket the trainer fills a buffer and posts a tiny "ready" key in a TCPStore; each engine copies the
+bucket out and posts an ack; the buffer is refilled (two buckets later) only after every ack. Trainer memory stays
+at two buckets whatever the model size, and the engine side yields named tensors exactly like the broadcast channel.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import uuid
+from typing import Iterable, Iterator, Optional
+
+import torch
+
+from rollout.weight_sync import TensorSpec, bucket_nbytes, unpack_bucket
+
+
+def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[str]]:
+    """A uint8 buffer other processes on this host can map, and (CPU) the /dev/shm file behind it. On a CPU host the
+    file is ours, not torch's: `unlink_file` removes its name once every engine has mapped it, so a killed process
+    cannot leave it behind (the memory lives until the last mapping goes)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, device=device), None
+    path = f"/dev/shm/rlhf-sync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    with open(path, "wb") as f:
+        f.truncate(nbytes)
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
+
+
+def share(t: torch.Tensor, path: Optional[str]) -> bytes:
+    """A handle (no data inside) that another process on this host opens with `open_shared`, once per handle."""
+    if t.is_cuda:
+        from multiprocessing.reduction import ForkingPickler
+        return bytes(ForkingPickler.dumps(t))  # a CUDA IPC handle, with torch's own reference counting
+    return pickle.dumps(("file", path, t.numel()))
+
+
+def open_shared(handle: bytes) -> torch.Tensor:
+    """The buffer behind a `share` handle, mapped (not copied) into this process. CUDA: the producer's device index
+    must name the same GPU here, which holds for Ray actors sharing one GPU bundle (same CUDA_VISIBLE_DEVICES)."""
+    obj = pickle.loads(handle)
+    if isinstance(obj, tuple) and obj[0] == "file":
+        return torch.from_file(obj[1], shared=True, size=obj[2], dtype=torch.uint8)
+    return obj
+
+
+def unlink_file(path: Optional[str]) -> None:
+    if path is not None and os.path.exists(path):
+        os.unlink(path)
+
+
+def connect_store(host: str, port: int, is_master: bool, timeout_s: float = 300.0):
+    import torch.distributed as dist
+    return dist.TCPStore(host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def _sync_device(t: torch.Tensor) -> None:
+    if t.is_cuda:  # the other process reads (or we refill) this memory outside our CUDA stream
+        torch.cuda.current_stream(t.device).synchronize()
+
+
+def _ready_key(src: int, sync: int, k: int) -> str:
+    return f"ipc/{src}/{sync}/{k}"
+
+
+def _ack_key(src: int, sync: int, k: int, engine: int) -> str:
+    return f"ipc/{src}/{sync}/{k}/ack/{engine}"
+
+
+class IpcSender:
+    """Trainer rank `src`: feeds `engines` (their indices) through two shared staging buffers."""
+
+    def __init__(self, store, src: int, engines: list[int], plan: list[list[TensorSpec]], device=None):
+        self.store, self.src, self.engines, self.sync = store, src, engines, 0
+        size = max(bucket_nbytes(b) for b in plan)
+        self.buffers, self.paths = zip(*(allocate_shared(size, device) for _ in range(2)))
+
+    def handles(self) -> dict[int, list[bytes]]:
+        """Per engine, the handles of both buffers (one `share` per opener)."""
+        return {e: [share(b, p) for b, p in zip(self.buffers, self.paths)] for e in self.engines}
+
+    def opened(self) -> None:
+        """Every engine has mapped the buffers: their names are no longer needed."""
+        for path in self.paths:
+            unlink_file(path)
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]], plan: list[list[TensorSpec]]) -> int:
+        """Stream every bucket of the plan; returns the payload bytes. Tensors must come in plan order."""
+        it, sent = iter(named), 0
+        for k, bucket in enumerate(plan):
+            if k >= 2:
+                self._wait_acks(k - 2)
+            views = unpack_bucket(self.buffers[k % 2], bucket)
+            for spec, (_, view) in zip(bucket, views):
+                name, tensor = next(it)
+                if name != spec.name or tuple(tensor.shape) != spec.shape:
+                    raise RuntimeError(f"weight sync out of order: expected {spec.name}{spec.shape}, got "
+                                       f"{name}{tuple(tensor.shape)}")
+                view.copy_(tensor)
+            _sync_device(self.buffers[k % 2])
+            self.store.set(_ready_key(self.src, self.sync, k), b"1")
+            sent += sum(s.nbytes for s in bucket)
+        for k in range(max(0, len(plan) - 2), len(plan)):
+            self._wait_acks(k)
+        self.sync += 1
+        return sent
+
+    def _wait_acks(self, k: int) -> None:
+        keys = [_ack_key(self.src, self.sync, k, e) for e in self.engines]
+        self.store.wait(keys)
+        for key in keys + [_ready_key(self.src, self.sync, k)]:
+            self.store.delete_key(key)
+
+
+class IpcReceiver:
+    """Engine `engine`, fed by trainer rank `src`: opens the two staging buffers once, then copies each bucket out."""
+
+    def __init__(self, store, src: int, engine: int, handles: list[bytes]):
+        self.store, self.src, self.engine, self.sync = store, src, engine, 0
+        self.buffers = [open_shared(h) for h in handles]
+
+    def receive(self, plan: list[list[TensorSpec]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Named tensors bucket by bucket, as each becomes ready (in fresh memory: the consumer may keep views)."""
+        sync, self.sync = self.sync, self.sync + 1
+        for k, bucket in enumerate(plan):
+            self.store.get(_ready_key(self.src, sync, k))  # blocks until the trainer has filled the buffer
+            own = self.buffers[k % 2][:bucket_nbytes(bucket)].clone()
+            _sync_device(own)
+            self.store.set(_ack_key(self.src, sync, k, self.engine), b"1")
+            yield from unpack_bucket(own, bucket)
+
+
+def feeding_rank(engine: int, world_size: int) -> int:
+    """The trainer rank that feeds engine `engine`: under colocation engine i shares GPU bundle i with trainer rank i
+    (every rank holds full weights at export time, gathered under ZeRO-3)."""
+    return engine % world_size
