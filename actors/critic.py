@@ -36,6 +36,9 @@ class Critic:
     def load_checkpoint(self, path: str) -> None:
         self.ds.load_checkpoint(path, "critic")
 
+    def offload(self) -> None:
+        self.ds.offload()
+
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.ds.inference(batch, _values)
 

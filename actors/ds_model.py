@@ -57,6 +57,15 @@ def plain_enums(obj):
     return obj
 
 
+def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
+    """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
+    (trainer.offload) only for its FusedAdam, a CUDA op built on first use."""
+    if tr.offload and tr.zero_stage == 3 and torch.cuda.is_available():
+        from deepspeed.ops.adam import FusedAdam
+        return FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True)
+    return torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay)
+
+
 def warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
@@ -72,7 +81,7 @@ class DSModel:
         self.rank, self.world_size, self.cfg = rank, world_size, tr
         model = build()
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
-        optimizer = torch.optim.AdamW(trainable, lr=tr.lr, weight_decay=tr.weight_decay)
+        optimizer = make_optimizer(trainable, tr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
         self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
@@ -80,12 +89,27 @@ class DSModel:
         save = self.engine.checkpoint_engine.save
         self.engine.checkpoint_engine.save = lambda state_dict, path: save(plain_enums(state_dict), path)
         self.engine.checkpoint_engine.load = restricted_load
+        self.offloaded = False
 
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
+    def offload(self) -> None:
+        """Free this rank's accelerator memory while other roles run (trainer.offload, GPU colocation): parameters,
+        fp32 master weights, gradients and optimizer states move to CPU (DeepSpeed's offload_states, ZeRO 1-3).
+        Whatever touches the model next brings them back first (`resident`)."""
+        if not self.offloaded:
+            self.engine.offload_states(pin_memory=torch.cuda.is_available())
+            self.offloaded = True
+
+    def resident(self) -> None:
+        if self.offloaded:
+            self.engine.reload_states()
+            self.offloaded = False
+
     def __call__(self, mb: Batch):
+        self.resident()
         return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
 
     @torch.no_grad()
@@ -180,9 +204,11 @@ class DSModel:
 
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer, scheduler and this rank's RNG (collective: every rank calls it)."""
+        self.resident()
         self.engine.save_checkpoint(path, tag=tag, client_state={"torch_rng": torch.get_rng_state()})
 
     def load_checkpoint(self, path: str, tag: str) -> None:
+        self.resident()
         _, client = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
                                                 load_lr_scheduler_states=True)
         if client and "torch_rng" in client:
@@ -191,6 +217,7 @@ class DSModel:
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
         Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""
+        self.resident()
         state = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
         if self.rank == 0:
             os.makedirs(out_dir, exist_ok=True)

@@ -59,6 +59,10 @@ class TrainerGroup:
     def value_step(self, batch: Batch, algo) -> dict[str, float]:
         return self._scatter(lambda a, b: a.value_step.remote(b, algo), batch)[0]
 
+    def offload(self) -> None:
+        """Every rank moves its DeepSpeed states to CPU until its next call (trainer.offload)."""
+        self._all(lambda a: a.offload.remote())
+
     def export_adapter(self) -> dict[str, bytes]:
         return self._wait([self.actors[0].export_adapter.remote()])[0]
 

@@ -124,6 +124,9 @@ class PolicyTrainer:
         """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32."""
         return self.ds.inference(batch, _shifted_logprobs)
 
+    def offload(self) -> None:
+        self.ds.offload()
+
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA only: the reference policy is this model with its adapter disabled."""
         with self.model.disable_adapter():
@@ -149,6 +152,7 @@ class PolicyTrainer:
         import tempfile
         if self.rank != 0:
             return {}
+        self.ds.resident()
         with tempfile.TemporaryDirectory() as tmp:
             self.model.save_pretrained(tmp)
             return {name: Path(tmp, name).read_bytes() for name in os.listdir(tmp)}
@@ -176,6 +180,7 @@ class PolicyTrainer:
         repeated syncs never accumulate merge/unmerge rounding). Under ZeRO-3 each one is gathered (a collective:
         every rank must iterate) and copied out before it is re-partitioned."""
         import deepspeed
+        self.ds.resident()
         for name, p, lora_layer in self._export_params():
             if lora_layer is not None:
                 with torch.no_grad():

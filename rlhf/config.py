@@ -88,6 +88,7 @@ class TrainerConfig:
     zero_stage: int = 0
     world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
     max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
+    offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
 
 
 @dataclass
@@ -258,6 +259,12 @@ def validate(cfg: RunConfig) -> list[str]:
     if cfg.placement.num_gpus < 0:
         bad("placement.num_gpus", cfg.placement.num_gpus, "must be >= 0 (0 = CPU only)")
     choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))
+    if tr.offload and (tr.zero_stage == 0 or cfg.stage != "rl"):
+        bad("trainer.offload", True, "moves DeepSpeed's ZeRO states between the phases of stage rl: set "
+            "trainer.zero_stage to 1, 2 or 3 (and stage: rl), or offload=false")
+    if tr.offload and tr.zero_stage == 3 and cfg.placement.num_gpus == 0:
+        bad("trainer.offload", True, "ZeRO-3 offloads only with DeepSpeed's FusedAdam, a GPU op; on CPU there is "
+            "nothing to free anyway: set offload=false (or zero_stage 1-2)")
     if cfg.stage == "rl":
         _validate_rl(cfg, bad, choice, positive)
     if cfg.stage == "dpo":
@@ -289,7 +296,8 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
     choice("rollout.sync_channel", r.sync_channel, SYNC_CHANNELS)
     pl = cfg.placement
-    if r.sync_channel == "ipc" and pl.num_gpus > 0 and (pl.mode != "colocate" or r.num_engines > cfg.trainer.world_size):
+    gpu_neighbours = pl.mode == "colocate" and r.num_engines <= cfg.trainer.world_size
+    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not gpu_neighbours:
         bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
             "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
     if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":

@@ -167,6 +167,11 @@ class RLController:
         batch; if the rounds run out, set-aside groups top it up so the batch size stays fixed."""
         n, want = self.cfg.rollout.n_samples, self.cfg.rollout.prompts_per_step
         kept, spare, metrics = [], [], {}
+        if self.cfg.trainer.offload:  # GPU colocation: the engines get the memory; trainers reload on next use
+            with t("offload"):
+                for group in (self.policy, self.critic):
+                    if group is not None:
+                        group.offload()
         rounds = self.MAX_FILL_ROUNDS if self.cfg.algorithm.dynamic_sampling else 1
         for attempt in range(rounds):
             with t("rollout"):

@@ -43,6 +43,8 @@ CONFIGS = [
     ("no-task-no-path", "data:\n  task: null\n", [], "data.train_path = None"),
     ("min-above-max", "data:\n  min_items: 6\n  max_items: 3\n", [], "data.max_items = 3"),
     ("bad-placement", RL + "placement:\n  mode: spread\n", [], "placement.mode = 'spread'"),
+    ("offload-zero-0", RL + "trainer:\n  offload: true\n", [], "trainer.offload = True"),
+    ("offload-zero-3-cpu", RL + "trainer:\n  offload: true\n  zero_stage: 3\n", [], "only with DeepSpeed's FusedAdam"),
     ("unknown-sync-channel", RL + "rollout:\n  sync_channel: nccl\n", [], "rollout.sync_channel = 'nccl'"),
     ("cuda-ipc-split", RL + "rollout:\n  sync_channel: ipc\nplacement:\n  mode: split\n  num_gpus: 4\n", [],
      "CUDA IPC needs every engine on a trainer rank's GPU"),

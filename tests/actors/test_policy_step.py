@@ -26,3 +26,22 @@ def test_fused_old_logprobs_give_the_same_update(tiny_model_dir):
 
     with pytest.raises(ValueError, match="ppo_epochs == 1"):
         fused.rl_step(dict(batch, advantages=advantages), AlgorithmConfig(ppo_epochs=2))
+
+
+@pytest.mark.parametrize("zero_stage", [1, 2])
+def test_offloading_between_steps_changes_nothing(tiny_model_dir, zero_stage):
+    """trainer.offload: DeepSpeed's states leave and come back between phases; training and export are unchanged.
+    (On CPU they only move CPU to CPU, but DeepSpeed still unlinks and relinks every parameter and state.)"""
+    batches = sft_batches(tiny_model_dir, steps=2)
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=zero_stage)
+    plain, offloaded = PolicyTrainer(tiny_model_dir, tr), PolicyTrainer(tiny_model_dir, tr)
+    for batch in batches:
+        offloaded.offload()
+        assert offloaded.ds.offloaded and offloaded.ds.engine.optimizer.offloaded_states
+        a, b = plain.sft_step(batch), offloaded.sft_step(batch)  # the forward reloads first
+        assert not offloaded.ds.offloaded and not offloaded.ds.engine.optimizer.offloaded_states
+        assert b["train/loss"] == a["train/loss"] and b["train/grad_norm"] == a["train/grad_norm"]
+    offloaded.offload()
+    exported = dict(offloaded.export_weights())  # export reloads too
+    for name, w in plain.export_weights():
+        assert torch.equal(exported[name], w), name

