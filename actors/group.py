@@ -64,7 +64,7 @@ class TrainerGroup:
         self._all(lambda a: a.offload.remote())
 
     def export_adapter(self) -> dict[str, bytes]:
-        return self._wait([self.actors[0].export_adapter.remote()])[0]
+        return self._all(lambda a: a.export_adapter.remote())[0]
 
     def weight_specs(self) -> list:
         return self._wait([self.actors[0].weight_specs.remote()])[0]

@@ -134,12 +134,13 @@ class PolicyTrainer:
 
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         """Full weights as a Hugging Face folder; with LoRA the merged model there, and the adapter in PEFT format
-        in `<out_dir>_adapter`."""
+        in `<out_dir>_adapter`. Every rank calls it (ZeRO-3 gathers are collective); rank 0 writes."""
         if self.lora is None:
             return self.ds.save_hf(out_dir, tokenizer_path)
+        adapter = self._adapter_state()
+        merged = dict(self.iter_weights())
         if self.rank == 0:
-            self.model.save_pretrained(out_dir.rstrip("/") + "_adapter")
-            merged = dict(self.iter_weights())
+            self.model.save_pretrained(out_dir.rstrip("/") + "_adapter", state_dict=adapter)
             self.model.get_base_model().save_pretrained(out_dir, state_dict=merged, safe_serialization=True)
             if tokenizer_path is not None:
                 from transformers import AutoTokenizer
@@ -148,14 +149,30 @@ class PolicyTrainer:
     # ---- weight export for sync ----
     def export_adapter(self) -> dict[str, bytes]:
         """LoRA only: the adapter as a PEFT folder's files (config + safetensors), for engines that apply LoRA
-        themselves; a few MB instead of the full model. Rank 0 returns it (ZeRO <= 2: the adapter is whole there)."""
+        themselves; a few MB instead of the full model. Every rank calls it (ZeRO-3 gathers); rank 0 returns it."""
         import tempfile
+        adapter = self._adapter_state()
         if self.rank != 0:
             return {}
-        self.ds.resident()
         with tempfile.TemporaryDirectory() as tmp:
-            self.model.save_pretrained(tmp)
+            self.model.save_pretrained(tmp, state_dict=adapter)
             return {name: Path(tmp, name).read_bytes() for name in os.listdir(tmp)}
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        """The LoRA weights under PEFT's names, whole (gathered under ZeRO-3)."""
+        self.ds.resident()
+        named = [(n, p) for n, p in self.model.named_parameters() if ".lora_" in n]
+        with self._gathered([p for _, p in named]):
+            return {n: p.data.detach().clone() for n, p in named}
+
+    def _gathered(self, params: list):
+        """Under ZeRO-3, `params` whole on every rank inside the block (a collective); otherwise nothing to do."""
+        import contextlib
+
+        import deepspeed
+        if self.cfg.zero_stage != 3:
+            return contextlib.nullcontext()
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def weight_specs(self) -> list[TensorSpec]:
         """Name, full shape and dtype of every exported parameter, in export order. Tied weights are listed under
@@ -177,19 +194,17 @@ class PolicyTrainer:
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full parameters in `weight_specs` order (LoRA: base + delta, computed without touching the model, so
-        repeated syncs never accumulate merge/unmerge rounding). Under ZeRO-3 each one is gathered (a collective:
-        every rank must iterate) and copied out before it is re-partitioned."""
-        import deepspeed
+        repeated syncs never accumulate merge/unmerge rounding). Under ZeRO-3 each one (with its LoRA factors) is
+        gathered (a collective: every rank must iterate) and copied out before it is re-partitioned."""
         self.ds.resident()
         for name, p, lora_layer in self._export_params():
-            if lora_layer is not None:
-                with torch.no_grad():
+            factors = [] if lora_layer is None else [m.weight for d in (lora_layer.lora_A, lora_layer.lora_B)
+                                                     for m in d.values()]
+            with self._gathered([p] + factors), torch.no_grad():
+                if lora_layer is not None:
                     yield name, p.data + lora_layer.get_delta_weight(lora_layer.active_adapters[0])
-            elif self.cfg.zero_stage == 3:
-                with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-                    yield name, p.data.detach().clone()
-            else:
-                yield name, p.data.detach()
+                else:
+                    yield name, p.data.detach().clone() if self.cfg.zero_stage == 3 else p.data.detach()
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""

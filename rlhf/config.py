@@ -250,9 +250,6 @@ def validate(cfg: RunConfig) -> list[str]:
     if lora.rank < 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or (lora.rank and not lora.target_modules):
         bad("model.lora", f"rank={lora.rank} alpha={lora.alpha} dropout={lora.dropout}",
             "need rank >= 0 (0 = off), alpha > 0, 0 <= dropout < 1 and at least one target module")
-    if lora.rank > 0 and tr.zero_stage == 3:
-        bad("trainer.zero_stage", 3, "LoRA weight export is not written for ZeRO-3 yet; use zero_stage <= 2 (the "
-            "frozen base is small next to optimizer states, which LoRA already removes)")
     if lora.rank > 0 and cfg.stage in ("rm", "dpo"):
         bad("model.lora.rank", lora.rank, f"the {cfg.stage} stage trains full weights; set it to 0")
     choice("placement.mode", cfg.placement.mode, ("colocate", "split"))

@@ -1,5 +1,7 @@
 """LoRA on the policy: training changes only adapter weights, the adapter-disabled model is the reference (the base
-model's log-probs, bit for bit), and the exported merged weights reproduce the adapted policy."""
+model's log-probs, bit for bit), and the exported merged weights reproduce the adapted policy, under ZeRO-3 too."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -47,3 +49,49 @@ def test_lora_trains_adapter_only_and_reference_is_the_base(tiny_model_dir, tmp_
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert torch.allclose(base_logprobs(saved, probe), adapted, atol=1e-5)
     assert (tmp_path / "final_adapter" / "adapter_config.json").exists()
+
+
+@pytest.mark.slow
+def test_lora_under_two_rank_zero3_matches_a_single_process(ray_local, tiny_model_dir, tmp_path):
+    """LoRA with ZeRO-3 over 2 ranks: adapter, merged export and saved folders equal a single-process run on the same
+    batches (1e-5), and the adapter-disabled reference is still the base model."""
+    from peft import PeftModel
+    from safetensors.torch import load as load_bytes
+    from transformers import AutoModelForCausalLM
+
+    from actors.group import TrainerGroup
+
+    batches = sft_batches(tiny_model_dir, steps=3)
+    lora = LoraConfig(rank=4, alpha=8)
+    tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=4, warmup_steps=0)
+    single = PolicyTrainer(tiny_model_dir, tr, lora=lora)
+    group = TrainerGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir,
+                         tr=replace(tr, zero_stage=3), lora=lora)
+    try:
+        for b in batches:
+            single.sft_step(b)
+            group.sft_step(b)
+        expected = dict(single.iter_weights())
+        merged = dict(group.export_weights())
+        assert set(merged) == set(expected)
+        for name, w in expected.items():
+            assert torch.allclose(merged[name], w, atol=1e-5, rtol=0), (name, (merged[name] - w).abs().max())
+
+        adapter = load_bytes(group.export_adapter()["adapter_model.safetensors"])
+        want = load_bytes(single.export_adapter()["adapter_model.safetensors"])
+        assert set(adapter) == set(want) and any(".lora_B." in k for k in adapter)
+        assert all(torch.allclose(adapter[k], want[k], atol=1e-5, rtol=0) for k in want)
+        assert not all(torch.equal(v, torch.zeros_like(v)) for k, v in adapter.items() if ".lora_B." in k)
+
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        probe = batches[0]
+        assert torch.allclose(group.compute_ref_logprobs(probe), base_logprobs(base, probe), atol=1e-6)
+
+        group.save_hf(str(tmp_path / "final"), tiny_model_dir)
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+        adapted = single.compute_logprobs(probe)
+        assert torch.allclose(base_logprobs(saved, probe), adapted, atol=1e-4)
+        reloaded = PeftModel.from_pretrained(base, str(tmp_path / "final_adapter"))
+        assert torch.allclose(base_logprobs(reloaded, probe), adapted, atol=1e-4)
+    finally:
+        group.kill()
