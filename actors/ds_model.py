@@ -89,7 +89,7 @@ class DSModel:
         save = self.engine.checkpoint_engine.save
         self.engine.checkpoint_engine.save = lambda state_dict, path: save(plain_enums(state_dict), path)
         self.engine.checkpoint_engine.load = restricted_load
-        self.offloaded = False
+        self.device, self.offloaded = self.engine.device, False
 
     @property
     def module(self) -> torch.nn.Module:
@@ -112,13 +112,20 @@ class DSModel:
         self.resident()
         return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
 
+    def on_device(self, mb: Batch) -> Batch:
+        """Batches travel on CPU (Ray, the driver); each micro-batch moves to the model's device to be used."""
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+
     @torch.no_grad()
     def inference(self, batch: Batch, fn: Callable[[Batch, object], torch.Tensor]) -> torch.Tensor:
-        """fn(micro-batch, model output) over micro-batches without gradients, concatenated along dim 0."""
+        """fn(micro-batch, model output) over micro-batches without gradients, concatenated along dim 0 (on CPU)."""
         self.engine.eval()
-        out = torch.cat([fn(mb, self(mb)) for mb in chunks(batch, self.cfg.micro_batch_size)])
+        out = []
+        for mb in chunks(batch, self.cfg.micro_batch_size):
+            mb = self.on_device(mb)
+            out.append(fn(mb, self(mb)).cpu())
         self.engine.train()
-        return out
+        return torch.cat(out)
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
@@ -149,6 +156,7 @@ class DSModel:
         loss_sum, grad_norm, metrics, bad = 0.0, None, {}, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):
+            mb = self.on_device(mb)
             loss, m = loss_fn(mb, self(mb), normalizer)
             bad += float(not torch.isfinite(loss.detach()).all())
             self.engine.backward(loss, scale_wrt_gas=False)
@@ -198,9 +206,12 @@ class DSModel:
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
 
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            torch.distributed.all_reduce(x)
-        return x
+        """Sum over ranks, returned on CPU (NCCL reduces device tensors only)."""
+        if self.world_size == 1:
+            return x.cpu()
+        x = x.to(self.device)
+        torch.distributed.all_reduce(x)
+        return x.cpu()
 
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer, scheduler and this rank's RNG (collective: every rank calls it)."""

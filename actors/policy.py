@@ -90,7 +90,7 @@ class PolicyTrainer:
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
-        self._step_logprobs = torch.cat(kept) if fused else None
+        self._step_logprobs = torch.cat(kept).cpu() if fused else None
         return metrics
 
     def step_logprobs(self) -> torch.Tensor:
@@ -208,7 +208,7 @@ class PolicyTrainer:
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""
-        weights = [(n, t.clone()) for n, t in self.iter_weights()]
+        weights = [(n, t.to("cpu", copy=True)) for n, t in self.iter_weights()]
         return weights if self.rank == 0 else []
 
     def sync_address(self) -> tuple[str, int]:

@@ -34,15 +34,17 @@ class RewardModel:
                               master_addr, master_port, seed)
             self.model = self.ds.module
         else:
-            self.model = _load(model_path, dtype, trust_remote_code).eval().requires_grad_(False)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.model = _load(model_path, dtype, trust_remote_code).eval().requires_grad_(False).to(device)
 
     @torch.no_grad()
     def score(self, batch: Batch, micro_batch_size: int = 32) -> torch.Tensor:
         """One scalar per row: (B,) fp32."""
         was_training = self.model.training
         self.model.eval()
-        out = [self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits[:, 0].float()
-               for mb in chunks(batch, micro_batch_size)]
+        dev = self.model.device
+        out = [self.model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev)).logits[:, 0]
+               .float().cpu() for mb in chunks(batch, micro_batch_size)]
         self.model.train(was_training)
         return torch.cat(out)
 

@@ -17,7 +17,8 @@ class HFEngine:
         tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
                                                      trust_remote_code=trust_remote_code)
-        self._setup(model.eval(), tok.eos_token_id, tok.pad_token_id, batch_size)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._setup(model.eval().to(device), tok.eos_token_id, tok.pad_token_id, batch_size)
 
     @classmethod
     def from_model(cls, model, eos_id: int, pad_id: int, batch_size: int = 64) -> "HFEngine":
@@ -45,8 +46,8 @@ class HFEngine:
     def _generate_batch(self, items, sampling: SamplingConfig, gen: torch.Generator) -> list[Sample]:
         width = max(len(p) for _, p in items)
         # Left-pad so every row's next token sits in the last column.
-        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p in items])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p in items])
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p in items], device=self.model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p in items], device=self.model.device)
         greedy = sampling.temperature == 0
         # top_k=0: transformers would otherwise apply its default top_k=50, unlike vLLM.
         kwargs = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
@@ -58,7 +59,8 @@ class HFEngine:
         new = res.sequences[:, width:]
         # Log-probs under the raw model distribution (vLLM's default `raw_logprobs`), which is what the trainer
         # recomputes; temperature/top-p only shape the sampling.
-        logps = torch.stack(res.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        logps = torch.stack(res.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        new = new.cpu()
         samples = []
         for row, (index, prompt) in enumerate(items):
             toks = new[row].tolist()
