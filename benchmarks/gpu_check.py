@@ -1,0 +1,188 @@
+"""The GPU checks of the rollout and actors issues, as one command: DeepSpeed ZeRO-2 and ZeRO-3 SFT steps of a
+0.5B-shaped model (tokens/s, MFU, peak memory, trainer.offload's cost and what it frees), and the ipc channel (CUDA
+IPC) between a trainer actor and an engine actor sharing one GPU (seconds, GB/s, bit-exact arrival).
+
+    python benchmarks/gpu_check.py [--size 0.5B] [--dtype bfloat16] [--seq 1024] [--steps 6] [--out DIR]
+
+The model is Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14/2 heads, MLP 4864, vocab 151936, tied), randomly
+initialised. The same script runs on CPU (`--size 1M --dtype float32 --seq 64`) to check itself. The engine is the
+transformers one: vLLM's CUDA wheel cannot be carried to the GPU machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import SIZES, median_time, print_table  # noqa: E402
+from rlhf.config import TinyModelConfig, TrainerConfig  # noqa: E402
+
+SHAPES = {"0.5B": (TinyModelConfig(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                                   intermediate_size=4864, max_position_embeddings=4096), 151936),
+          "1M": (SIZES["1M"], None)}
+H200_BF16_TFLOPS = 989.0  # dense
+
+
+def build_shape(size: str, root: str) -> str:
+    """Save the shaped model (random init) with the kit's tokenizer; token ids above its vocab are never produced."""
+    from rlhf.tiny import build_model, train_tokenizer
+    path = os.path.join(root, f"shape-{size}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        cfg, vocab = SHAPES[size]
+        tok = train_tokenizer()
+        model = build_model(cfg, vocab or len(tok), tok.eos_token_id, tok.pad_token_id)
+        model.save_pretrained(path, safe_serialization=True)
+        tok.save_pretrained(path)
+    return path
+
+
+def _sync() -> None:
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class TrainBench:
+    """One DeepSpeed rank on its own process (a Ray actor), so its peak memory is its own."""
+
+    def __init__(self, path: str, stage: int, dtype: str, batch: int, micro: int):
+        from actors.policy import PolicyTrainer
+        tr = TrainerConfig(lr=1e-6, batch_size=batch, micro_batch_size=micro, warmup_steps=0, zero_stage=stage,
+                           offload=stage < 3)  # ZeRO-3 offload needs FusedAdam, which needs nvcc
+        self.trainer, self.stage = PolicyTrainer(path, tr, dtype=dtype), stage
+
+    def run(self, seq: int, steps: int, vocab: int) -> dict:
+        import torch
+        ds = self.trainer.ds
+        n = sum(getattr(p, "ds_numel", p.numel()) for p in ds.module.parameters())
+        rows = ds.cfg.batch_size
+        batch = {"input_ids": torch.randint(0, vocab, (rows, seq)),
+                 "attention_mask": torch.ones(rows, seq, dtype=torch.long),
+                 "loss_mask": torch.ones(rows, seq - 1, dtype=torch.bool)}
+        times = []
+        for _ in range(steps):
+            _sync()
+            start = time.perf_counter()
+            self.trainer.sft_step(batch)
+            _sync()
+            times.append(time.perf_counter() - start)
+        step_s = statistics.median(times[1:])  # the first step pays for allocations
+        out = {"zero": self.stage, "params_M": n / 1e6, "step_s": step_s, "tokens_per_s": rows * seq / step_s,
+               "tflops": 6 * n * rows * seq / step_s / 1e12}
+        if torch.cuda.is_available():
+            out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            out.update(self._offload_cost())
+        return out
+
+    def _offload_cost(self) -> dict:
+        import torch
+        if self.stage == 3:
+            return {}
+        before = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        self.trainer.offload()
+        _sync()
+        off_s, after = time.perf_counter() - start, torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        self.trainer.ds.resident()
+        _sync()
+        return {"offload_s": off_s, "reload_s": time.perf_counter() - start, "freed_GiB": (before - after) / 2**30}
+
+
+def train_rows(path: str, args, vocab: int, gpu: dict) -> list[dict]:
+    import ray
+
+    from actors.remote import make_actor, ray_get
+    rows = []
+    for stage in (2, 3):
+        bench = make_actor(TrainBench, f"zero-{stage}", gpu, path, stage, args.dtype, args.batch, args.micro)
+        rows.append(ray_get([bench.run.remote(args.seq, args.steps, vocab)], 1800, [f"zero-{stage}"])[0])
+        ray.kill(bench)
+    return rows
+
+
+def _param_sum(engine_self) -> float:
+    return float(sum(p.double().sum().item() for _, p in engine_self.model.named_parameters(remove_duplicate=False)))
+
+
+def ipc_row(path: str, args) -> dict:
+    """Trainer rank and engine colocated on one GPU bundle (Ray fractional GPUs), weights over CUDA IPC."""
+    import torch
+
+    from actors.group import TrainerGroup
+    from actors.policy import PolicyTrainer
+    from actors.remote import ray_get
+    from rlhf.placement import Placement
+    from rollout.group import RolloutGroup, ipc_weights, setup_ipc
+    from rollout.hf_engine import HFEngine
+    from rollout.weight_sync import plan_buckets
+
+    placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
+    tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
+    trainers = TrainerGroup(PolicyTrainer, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
+                            dtype=args.dtype)
+    group = RolloutGroup.create(1, dict(model_path=path, dtype=args.dtype), placement.options["rollout"], HFEngine)
+    try:
+        specs = trainers.weight_specs()
+        plan = plan_buckets(specs, args.bucket_mb << 20)
+        setup_ipc(trainers.actors, group, plan)
+        ipc_weights(trainers.actors, group, plan)
+        seconds = median_time(lambda: ipc_weights(trainers.actors, group, plan), 5)
+        ids = torch.randint(0, 100, (args.micro, 32))  # one update, then the engine must hold exactly its result
+        trainers.sft_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                           "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
+        ipc_weights(trainers.actors, group, plan)
+        sent = sum(s.nbytes for s in specs)
+        want = float(sum(t.double().sum().item() for _, t in trainers.export_weights()))
+        got = ray_get([group.engines[0].__ray_call__.remote(_param_sum)], 600, ["rollout engine 0"])[0]
+        return {"channel": "ipc", "MiB": sent / 2**20, "buckets": len(plan), "sync_s": seconds,
+                "GB_per_s": sent / seconds / 1e9, "engine_weights_equal": got == want}
+    finally:
+        group.shutdown()
+        trainers.kill()
+        placement.remove()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="0.5B", choices=list(SHAPES))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--bucket-mb", type=int, default=256)
+    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    import ray
+    import torch
+
+    gpus = torch.cuda.device_count()
+    ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), num_gpus=gpus, include_dashboard=False,
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+    path = build_shape(args.size, os.path.join(args.out, "models"))
+    vocab = SHAPES[args.size][1] or 100
+    train = train_rows(path, args, vocab, {"num_gpus": 1} if gpus else {})
+    sync = ipc_row(path, args)
+    ray.shutdown()
+    for r in train:
+        r["MFU"] = r["tflops"] / args.peak_tflops if gpus else float("nan")
+    keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "offload_s", "reload_s",
+            "freed_GiB"]
+    print(f"{args.size}-shaped, {args.dtype}, batch {args.batch} x {args.seq} tokens, micro-batch {args.micro}, "
+          f"median of {args.steps - 1} steps:")
+    print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
+    print_table(list(sync), [list(sync.values())])
+    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+        json.dump({"args": vars(args), "train": train, "sync": sync, "device": torch.cuda.get_device_name()
+                   if gpus else "cpu"}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole GPU check as one device call (see ../shared/device/README.md):
+#   bash ../shared/device/make-wheels.sh          # here, once: Python 3.12 wheels into .whl/
+#   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"], timeout_s=540)
+# Results (table, JSON, log) land in $OUT.
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+timeout 480 python3 benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+rm -rf "$OUT/models"  # the 0.5B-shaped weights need not come back
