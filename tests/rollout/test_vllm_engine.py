@@ -199,6 +199,19 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
         lp = token_logprobs(model(batch["input_ids"]).logits[:, :-1], batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-3
 
+    # The ipc channel reaches into the engine-core child too: it maps the trainer's buffers there.
+    from actors.policy import PolicyTrainer
+    from rollout.group import ipc_weights, setup_ipc
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=1)
+    trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir,
+                         TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=16, warmup_steps=0))
+    plan = plan_buckets(ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0], bucket_bytes=256 << 10)
+    setup_ipc([trainer], group, plan)
+    ray_get([trainer.sft_step.remote(batches[0])], 300, ["trainer"])
+    ipc_weights([trainer], group, plan)
+    assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
+    ray_local.kill(trainer)
+
     group.shutdown()
     deadline = time.time() + 30
     while time.time() < deadline and (any(alive(p) for p in pids) or set(os.listdir("/dev/shm")) - shm_before):
