@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from rlhf.batch import Batch, chunks, split_batch
+from rlhf.batch import Batch, length_grouped, scatter_rows, split_batch
 from rlhf.config import TrainerConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -118,14 +118,17 @@ class DSModel:
 
     @torch.no_grad()
     def inference(self, batch: Batch, fn: Callable[[Batch, object], torch.Tensor]) -> torch.Tensor:
-        """fn(micro-batch, model output) over micro-batches without gradients, concatenated along dim 0 (on CPU)."""
+        """fn(micro-batch, model output) without gradients over length-grouped micro-batches; per-row results come
+        back in the batch's row order, on CPU, padded to the batch's width ((b, w-1) -> (B, L-1))."""
         self.engine.eval()
-        out = []
-        for mb in chunks(batch, self.cfg.micro_batch_size):
+        pieces, width = [], batch["input_ids"].shape[1]
+        for rows, mb in length_grouped(batch, self.cfg.micro_batch_size):
             mb = self.on_device(mb)
-            out.append(fn(mb, self(mb)).cpu())
+            out = fn(mb, self(mb)).cpu()
+            pieces.append((rows, out))
+            out_width = width - mb["input_ids"].shape[1] + (out.shape[1] if out.dim() > 1 else 0)
         self.engine.train()
-        return torch.cat(out)
+        return scatter_rows(pieces, len(batch["input_ids"]), out_width)
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
@@ -140,8 +143,9 @@ class DSModel:
         out["train/skipped_updates"] = float(sum(history["train/skipped_updates"]))
         return out
 
-    def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str) -> dict[str, float]:
-        """Forward/backward over micro-batches of `mini`, then one optimizer step.
+    def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str, unit: int = 1) -> dict[str, float]:
+        """Forward/backward over length-grouped micro-batches of `mini` (rlhf.batch.length_grouped: rows in `unit`s;
+        each micro-batch's `row` holds its rows' positions in `mini`), then one optimizer step.
 
         Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the
         world size, since DeepSpeed averages gradients over ranks: the update equals the loss over the whole
@@ -152,7 +156,10 @@ class DSModel:
         """
         count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
         normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
-        micro_batches = split_batch(mini, self.engine.gradient_accumulation_steps())
+        gas = self.engine.gradient_accumulation_steps()
+        if len(mini["input_ids"]) % gas:
+            raise ValueError(f"cannot split {len(mini['input_ids'])} rows into {gas} equal micro-batches")
+        micro_batches = [dict(mb, row=rows) for rows, mb in length_grouped(mini, len(mini["input_ids"]) // gas, unit)]
         loss_sum, grad_norm, metrics, bad = 0.0, None, {}, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):

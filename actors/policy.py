@@ -17,7 +17,7 @@ from algorithms.kl import kl_estimate
 from algorithms.logprobs import entropy_from_logits, token_logprobs
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
-from rlhf.batch import Batch, sequence_logprobs
+from rlhf.batch import Batch, scatter_rows, sequence_logprobs
 from rlhf.config import AlgorithmConfig, LoraConfig, TrainerConfig
 from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
 
@@ -78,7 +78,7 @@ class PolicyTrainer:
             logp = _shifted_logprobs(mb, out)
             old = logp.detach() if fused else mb["old_logprobs"]
             if fused:
-                kept.append(old)
+                kept.append((mb["row"].cpu(), old.cpu()))
             loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], algo.clip_low, algo.clip_high,
                                   algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap, algo.loss_agg, normalizer)
             if algo.kl_coef > 0 and not algo.kl_in_reward:
@@ -90,7 +90,8 @@ class PolicyTrainer:
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
-        self._step_logprobs = torch.cat(kept).cpu() if fused else None
+        rows, width = batch["input_ids"].shape
+        self._step_logprobs = scatter_rows(kept, rows, width - 1) if fused else None
         return metrics
 
     def step_logprobs(self) -> torch.Tensor:
@@ -110,7 +111,7 @@ class PolicyTrainer:
                 loss = loss + algo.dpo_nll_coef * nll
                 m["dpo/chosen_nll"] = nll.detach()
             return loss * len(logps) / normalizer, m  # mean over the mini-batch's pairs, not this micro-batch's
-        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean")
+        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean", unit=2)  # pairs stay in one micro-batch
         metrics["train/loss"] = metrics.pop("loss")
         return metrics
 

@@ -54,7 +54,7 @@ class RewardModel:
             scores = out.logits[:, 0].float()
             loss, m = bradley_terry_loss(scores[0::2], scores[1::2])
             return loss * len(scores) / normalizer, m  # mean over the mini-batch's pairs
-        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean")
+        metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean", unit=2)  # pairs stay in one micro-batch
         metrics["train/loss"] = metrics.pop("loss")
         return metrics
 

@@ -83,3 +83,47 @@ def chunks(batch: Batch, size: int) -> list[Batch]:
     """Consecutive pieces of at most `size` rows (the last may be smaller): for inference, where any split works."""
     rows = len(next(iter(batch.values())))
     return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+
+
+def length_grouped(batch: Batch, size: int, unit: int = 1) -> list[tuple[torch.Tensor, Batch]]:
+    """`batch` as micro-batches of `size` rows (the last may be smaller) grouped by length, longest first, each cut
+    to its longest row: padding costs compute, and a loss normalised by a global count does not depend on which
+    rows share a micro-batch. Rows stay together in `unit`s (2 for interleaved preference pairs). Returns
+    (positions of its rows in `batch`, micro-batch) pairs.
+
+    Columns are cut only where every row of the micro-batch is padding (right padding, as pack_sequences makes).
+    Tensors (B, L) are cut to width w, (B, L-1) to w-1; others, e.g. (B,), are only reordered.
+    """
+    rows, width = batch["input_ids"].shape
+    if rows % unit or size % unit:
+        raise ValueError(f"{rows} rows in micro-batches of {size} cannot keep {unit}-row units whole")
+    unit_len = batch["attention_mask"].sum(1).view(-1, unit).max(1).values
+    order = torch.argsort(unit_len, descending=True, stable=True)
+    row_order = (order[:, None] * unit + torch.arange(unit)).flatten()
+    out = []
+    for idx in row_order.split(size):
+        used = batch["attention_mask"][idx].any(0).nonzero()
+        w = int(used.max()) + 1 if len(used) else 1
+        out.append((idx, {k: _cut(v[idx], width, w) for k, v in batch.items()}))
+    return out
+
+
+def _cut(t: torch.Tensor, width: int, w: int) -> torch.Tensor:
+    if t.dim() >= 2 and t.shape[1] == width:
+        return t[:, :w]
+    if t.dim() >= 2 and t.shape[1] == width - 1:
+        return t[:, :w - 1]
+    return t
+
+
+def scatter_rows(pieces: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int) -> torch.Tensor:
+    """Per-row results of length_grouped micro-batches, (b,) or (b, w', ...), back into one tensor of `rows` rows in
+    the original order; dim 1 is zero-padded to `width`."""
+    first = pieces[0][1]
+    out = first.new_zeros((rows,) + ((width,) + tuple(first.shape[2:]) if first.dim() > 1 else ()))
+    for idx, t in pieces:
+        if t.dim() > 1:
+            out[idx, :t.shape[1]] = t
+        else:
+            out[idx] = t
+    return out

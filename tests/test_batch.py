@@ -35,3 +35,28 @@ def test_chunks_are_ragged_and_split_batch_is_not():
     assert [c["x"].tolist() for c in chunks(b, 4)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     with pytest.raises(ValueError, match="cannot split 10 rows into 4"):
         split_batch(b, 4)
+
+
+def test_length_grouped_sorts_cuts_and_scatters_back():
+    from rlhf.batch import length_grouped, scatter_rows
+    batch = pack_sequences([[1], [1], [1], [1]], [[2], [2, 3, 4, 5], [2, 3], [2, 3, 4]], pad_id=0)  # lengths 2 5 3 4
+    batch["score"] = torch.tensor([10.0, 11.0, 12.0, 13.0])
+    pieces = length_grouped(batch, size=2)
+    assert [idx.tolist() for idx, _ in pieces] == [[1, 3], [2, 0]]
+    (_, long), (_, short) = pieces
+    assert long["input_ids"].shape == (2, 5) and long["loss_mask"].shape == (2, 4)
+    assert short["input_ids"].tolist() == [[1, 2, 3], [1, 2, 0]] and short["loss_mask"].shape == (2, 2)
+    assert short["score"].tolist() == [12.0, 10.0]
+    # A per-token result computed on the cut micro-batches lands where the full batch would have it.
+    back = scatter_rows([(idx, mb["loss_mask"].float()) for idx, mb in pieces], 4, 4)
+    assert torch.equal(back, batch["loss_mask"].float())
+    assert torch.equal(scatter_rows([(idx, mb["score"]) for idx, mb in pieces], 4, 0), batch["score"])
+
+
+def test_length_grouped_keeps_pairs_together():
+    from rlhf.batch import length_grouped, pack_pairs
+    batch = pack_pairs([[1], [1], [1]], [[2], [2, 3, 4], [2]], [[3], [3], [3, 4]], pad_id=0)  # pair lengths 2, 4, 3
+    pieces = length_grouped(batch, size=2, unit=2)
+    assert [idx.tolist() for idx, _ in pieces] == [[2, 3], [4, 5], [0, 1]]
+    with pytest.raises(ValueError, match="2-row units"):
+        length_grouped(batch, size=3, unit=2)
