@@ -1,5 +1,5 @@
 """`Critic`: per-token value estimates V(s_t) from a backbone with a scalar head (initialised from the policy
-checkpoint; the head is new), trained with the clipped value loss. A plain class hosted by TrainerGroup."""
+checkpoint; the head is new), trained with the clipped value loss. A plain class hosted by ActorGroup."""
 from __future__ import annotations
 
 from typing import Optional
@@ -41,6 +41,9 @@ class Critic:
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.ds.inference(batch, _values)
+
+    def train_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
+        return self.value_step(batch, algo)
 
     def value_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """`algorithm.ppo_epochs` passes of the clipped value loss; rows hold old_values and returns (B, L-1)."""

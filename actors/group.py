@@ -1,4 +1,4 @@
-"""`TrainerGroup`: N ranks of a DeepSpeed worker (PolicyTrainer, Critic) as Ray actors forming one torch.distributed
+"""`ActorGroup`: N ranks of a DeepSpeed worker (PolicyTrainer, Critic) as Ray actors forming one torch.distributed
 group. Its methods are explicit: each splits the batch into per-rank shards (a pure function), calls every rank,
 and gathers. Every wait has a timeout; a dead rank is reported by role and rank."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from actors.remote import make_actor, ray_get
 from rlhf.batch import Batch, split_batch
 
 
-class TrainerGroup:
+class ActorGroup:
     def __init__(self, cls: type, role: str, world_size: int, options: Optional[Sequence[dict]] = None,
                  timeout_s: float = 1800.0, **kwargs):
         """Start `world_size` actors of `cls(..., rank=i, world_size=N, master_addr=..., master_port=...)`.
@@ -38,11 +38,10 @@ class TrainerGroup:
         return self._wait([call(a) for a in self.actors])
 
     # ---- typed methods ----
-    def sft_step(self, batch: Batch) -> dict[str, float]:
-        return self._scatter(lambda a, b: a.sft_step.remote(b), batch)[0]
-
-    def rl_step(self, batch: Batch, algo) -> dict[str, float]:
-        return self._scatter(lambda a, b: a.rl_step.remote(b, algo), batch)[0]
+    def train_step(self, batch: Batch, algo=None) -> dict[str, float]:
+        """One update on the whole batch (each rank trains on its shard): the workers' `train_step`, i.e. the RL
+        policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic)."""
+        return self._scatter(lambda a, b: a.train_step.remote(b, algo), batch)[0]
 
     def step_logprobs(self) -> torch.Tensor:
         return torch.cat(self._all(lambda a: a.step_logprobs.remote()))
@@ -55,9 +54,6 @@ class TrainerGroup:
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_values.remote(b), batch))
-
-    def value_step(self, batch: Batch, algo) -> dict[str, float]:
-        return self._scatter(lambda a, b: a.value_step.remote(b, algo), batch)[0]
 
     def offload(self) -> None:
         """Every rank moves its DeepSpeed states to CPU until its next call (trainer.offload)."""

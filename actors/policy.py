@@ -52,6 +52,10 @@ class PolicyTrainer:
     def model(self) -> torch.nn.Module:
         return self.ds.module
 
+    def train_step(self, batch: Batch, algo: Optional[AlgorithmConfig] = None) -> dict[str, float]:
+        """One update on this rank's rows: the on-policy RL loss with `algo` (rl_step), else SFT (sft_step)."""
+        return self.rl_step(batch, algo) if algo is not None else self.sft_step(batch)
+
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask)."""
         def loss_fn(mb: Batch, out, normalizer: float):

@@ -114,7 +114,7 @@ def ipc_row(path: str, args) -> dict:
     """Trainer rank and engine colocated on one GPU bundle (Ray fractional GPUs), weights over CUDA IPC."""
     import torch
 
-    from actors.group import TrainerGroup
+    from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
     from actors.remote import ray_get
     from rlhf.placement import Placement
@@ -124,7 +124,7 @@ def ipc_row(path: str, args) -> dict:
 
     placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
-    trainers = TrainerGroup(PolicyTrainer, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
+    trainers = ActorGroup(PolicyTrainer, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
                             dtype=args.dtype)
     group = RolloutGroup.create(1, dict(model_path=path, dtype=args.dtype), placement.options["rollout"], HFEngine)
     try:
@@ -134,7 +134,7 @@ def ipc_row(path: str, args) -> dict:
         ipc_weights(trainers.actors, group, plan)
         seconds = median_time(lambda: ipc_weights(trainers.actors, group, plan), 5)
         ids = torch.randint(0, 100, (args.micro, 32))  # one update, then the engine must hold exactly its result
-        trainers.sft_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+        trainers.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
                            "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
         ipc_weights(trainers.actors, group, plan)
         sent = sum(s.nbytes for s in specs)

@@ -63,7 +63,7 @@ class RLController:
 
     def _start_workers(self) -> None:
         from actors.critic import Critic
-        from actors.group import TrainerGroup
+        from actors.group import ActorGroup
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
         from actors.remote import make_actor
@@ -84,10 +84,10 @@ class RLController:
         start = time.perf_counter()
         self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-        self.policy = TrainerGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
+        self.policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
                                    self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
                                    seed=cfg.seed, lora=cfg.model.lora, **common)
-        self.critic = (TrainerGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
+        self.critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
                                     model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                                     seed=cfg.seed, **common) if "critic" in ranks else None)
         self.reward_model = (make_actor(RewardModel, "reward model", self.placement.options["reward"][0],
@@ -140,11 +140,11 @@ class RLController:
                 batch["old_values"] = self.critic.compute_values(batch)
         self._advantages(batch, rewards)
         with t("train"):
-            metrics.update(self.policy.rl_step(batch, a))
+            metrics.update(self.policy.train_step(batch, a))
             if self.fused_old_logprobs:
                 batch["old_logprobs"] = self.policy.step_logprobs()
             if self.critic is not None:
-                metrics.update(self.critic.value_step(batch, a))
+                metrics.update(self.critic.train_step(batch, a))
         with t("sync"):
             self._sync_weights()
         metrics.update(self._rollout_metrics(batch, rewards, samples))

@@ -62,18 +62,18 @@ def test_lora_under_two_rank_zero3_matches_a_single_process(ray_local, tiny_mode
     from safetensors.torch import load as load_bytes
     from transformers import AutoModelForCausalLM
 
-    from actors.group import TrainerGroup
+    from actors.group import ActorGroup
 
     batches = sft_batches(tiny_model_dir, steps=3)
     lora = LoraConfig(rank=4, alpha=8)
     tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=4, warmup_steps=0)
     single = PolicyTrainer(tiny_model_dir, tr, lora=lora)
-    group = TrainerGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir,
+    group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir,
                          tr=replace(tr, zero_stage=3), lora=lora)
     try:
         for b in batches:
             single.sft_step(b)
-            group.sft_step(b)
+            group.train_step(b)
         expected = dict(single.iter_weights())
         merged = dict(group.export_weights())
         assert set(merged) == set(expected)

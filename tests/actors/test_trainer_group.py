@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from actors.group import TrainerGroup
+from actors.group import ActorGroup
 from actors.remote import WorkerDied
 from algorithms.sft import sft_loss
 from rlhf.batch import pack_sequences
@@ -44,11 +44,11 @@ def test_two_rank_zero_group_matches_single_process_reference(ray_local, tiny_mo
     batches = sft_batches(tiny_model_dir)
     tr = TrainerConfig(lr=LR, batch_size=16, micro_batch_size=4, warmup_steps=0, zero_stage=zero_stage,
                        grad_clip=1.0)
-    group = TrainerGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=tr)
+    group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=tr)
     try:
         initial = dict(group.export_weights())
         for b in batches:
-            metrics = group.sft_step(b)
+            metrics = group.train_step(b)
             assert metrics["train/grad_norm"] > 0
         trained = dict(group.export_weights())
         expected = reference_weights(tiny_model_dir, batches, tr.grad_clip)

@@ -73,7 +73,7 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
     import os
     import time
 
-    from actors.group import TrainerGroup
+    from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
     from rlhf.placement import Placement
     from rollout.group import ipc_weights, setup_ipc
@@ -82,7 +82,7 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
     tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
     placement = Placement("colocate", 2, {"policy": 2, "rollout": 2})
     tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
-    trainers = TrainerGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
+    trainers = ActorGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
                             model_path=tiny_model_dir, tr=tr)
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
     try:
@@ -91,7 +91,7 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
         assert len(plan) > 2  # staging buffers are refilled
         setup_ipc(trainers.actors, group, plan)
         for batch in batches:
-            trainers.sft_step(batch)
+            trainers.train_step(batch)
             stale = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)
             assert logprob_diff(trainers.compute_logprobs(stale), stale) > 1e-2
             assert ipc_weights(trainers.actors, group, plan) == sum(s.nbytes for s in specs)
