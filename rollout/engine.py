@@ -26,8 +26,9 @@ class Sample:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
-        """`n` samples per prompt, in prompt order (all samples of prompt 0, then prompt 1, ...)."""
+    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
+        """`n` samples per prompt (token ids, or text the engine tokenizes), in prompt order (all samples of prompt
+        0, then prompt 1, ...)."""
 
     def update_weights(self, named_tensors) -> None:
         """Load new weights (Hugging Face names) into the running engine and drop any cached KV."""

@@ -30,7 +30,7 @@ class RolloutGroup:
     def call(self, method: str, *args, **kwargs) -> list:
         return ray_get([getattr(e, method).remote(*args, **kwargs) for e in self.engines], self.timeout_s, self.roles)
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+    def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
         """Contiguous chunks per engine; per-prompt seeds are offset by the chunk start, so the samples are the same
         whatever the number of engines."""
         n = len(self.engines)

@@ -19,6 +19,7 @@ class HFEngine:
                                                      trust_remote_code=trust_remote_code)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self._setup(model.eval().to(device), tok.eos_token_id, tok.pad_token_id, batch_size)
+        self.tokenizer = tok
 
     @classmethod
     def from_model(cls, model, eos_id: int, pad_id: int, batch_size: int = 64) -> "HFEngine":
@@ -29,14 +30,19 @@ class HFEngine:
 
     def _setup(self, model, eos_id: int, pad_id: int, batch_size: int) -> None:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
-        self._sync_group = None
+        self._sync_group, self.tokenizer = None, None
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
+        """`prompts`: token-id lists, or strings (tokenized here; not with `from_model`, which has no tokenizer)."""
+        if any(isinstance(p, str) for p in prompts):
+            if self.tokenizer is None:
+                raise ValueError("this HFEngine wraps a bare model: pass token ids, not strings")
+            prompts = [self.tokenizer(p).input_ids if isinstance(p, str) else p for p in prompts]
         was_training = self.model.training
         self.model.eval()
         gen = torch.Generator().manual_seed(sampling.seed)
-        expanded = [(i, list(p)) for i, p in enumerate(prompt_ids) for _ in range(sampling.n)]
+        expanded = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out = []
         for start in range(0, len(expanded), self.batch_size):
             out += self._generate_batch(expanded[start:start + self.batch_size], sampling, gen)

@@ -39,21 +39,22 @@ class VLLMEngine:
                        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
         self.sleeping = False
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Sample]:
+    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
+        """`prompts`: token-id lists, or strings that vLLM tokenizes (each Sample then holds the ids it used)."""
         from vllm import SamplingParams
 
         # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i)
-                  for i in range(len(prompt_ids))]
-        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self.lora_request)
+                  for i in range(len(prompts))]
+        inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
                 ids = list(c.token_ids)
                 logps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
-                samples.append(Sample(i, list(prompt_ids[i]), ids, logps,
+                samples.append(Sample(i, list(out.prompt_token_ids), ids, logps,
                                       "length" if c.finish_reason == "length" else "stop"))
         return samples
 

@@ -26,6 +26,8 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
         lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
                             batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-4
+    with pytest.raises(ValueError, match="pass token ids"):  # a bare model has no tokenizer
+        engine.generate(["sort 3 1 2 ="], SamplingConfig())
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
     assert [s.completion_ids for s in engine.generate(prompts, greedy)] == \
         [s.completion_ids for s in engine.generate(prompts, greedy)]
@@ -52,6 +54,9 @@ def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_mode
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) > 1e-2
             ipc_weights([trainer], group, plan)
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-4
+        texts = [tok.decode(p) for p in prompts]  # text prompts: tokenized by the engine, same samples
+        assert [s.completion_ids for s in group.generate(texts, SAMPLING)] == \
+            [s.completion_ids for s in group.generate(prompts, SAMPLING)]
     finally:
         group.shutdown()
         ray_local.kill(trainer)

@@ -49,6 +49,12 @@ def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_mo
         # Samples do not depend on how prompts are split across engines.
         whole = ray_get([group.engines[0].generate.remote(prompts, SAMPLING)], 300, ["engine 0"])[0]
         assert [s.completion_ids for s in whole] == [s.completion_ids for s in samples]
+        # Text prompts are tokenized by the engine into the same ids, so the samples are the same.
+        texts = [tok.decode(p) for p in prompts]
+        assert [tok(t).input_ids for t in texts] == prompts
+        from_text = group.generate(texts, SAMPLING)
+        assert [(s.prompt_ids, s.completion_ids) for s in from_text] == [(s.prompt_ids, s.completion_ids)
+                                                                         for s in samples]
 
         specs = ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0]
         plan = plan_buckets(specs, bucket_bytes=256 << 10)
