@@ -3,6 +3,7 @@
     python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps
     python benchmarks/vs_trl.py --algo dpo
     python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
+    python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
 .cache/vs_trl/), use fp32, one torch thread per process, the same prompts in the same order, the same reward
@@ -102,9 +103,11 @@ def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
     return cfg, [r for _ in range(steps) for r in it.next()]
 
 
-def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int) -> dict:
-    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}-{time.strftime('%H%M%S')}")
+def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False) -> dict:
+    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}-{time.strftime('%H%M%S')}")
     path, overrides = recipe(algo, model, out, steps, ranks, engines)
+    if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
+        overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
     code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
                                env=run_env())
     assert code == 0, f"our run failed (exit {code}); see {out}"
@@ -113,7 +116,8 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int) -> dic
     tokens = [r.get("rollout/response_len", 0.0) * 512 for r in rows]
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
-    name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)})"
+    name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
+        (", overlapped one step off-policy)" if overlap else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases)
 
@@ -176,7 +180,8 @@ def main() -> None:
     p.add_argument("--algo", choices=["grpo", "dpo"], default="grpo")
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--ours", default="1x1,1x2,2x2", help="our configurations to run, RANKSxENGINES (grpo; dpo runs 1x1)")
+    p.add_argument("--ours", default="1x1,1x2,2x2",
+                   help="our configurations to run, RANKSxENGINES[o] (o: rollout.overlap; grpo; dpo runs 1x1)")
     a = p.parse_args()
 
     os.environ.update(ONE_THREAD)
@@ -185,8 +190,8 @@ def main() -> None:
     print(f"{a.algo}, {a.size} model ({n_params(model) / 1e6:.1f}M parameters), {a.steps} steps", flush=True)
     results = [run_trl(a.algo, model, rows, a.steps)]
     for config in (["1x1"] if a.algo == "dpo" else a.ours.split(",")):
-        ranks, engines = (int(x) for x in config.split("x"))
-        results.append(run_ours(a.algo, model, a.steps, ranks, engines))
+        ranks, engines = (int(x) for x in config.rstrip("o").split("x"))
+        results.append(run_ours(a.algo, model, a.steps, ranks, engines, overlap=config.endswith("o")))
     for r in results:
         r["em"] = exact_match(cfg, r["model"])
     report(results, exact_match(cfg, model), a.algo)

@@ -142,6 +142,9 @@ class RolloutConfig:
     sync_channel: str = "auto"
     lora_sync: str = "adapter"  # with LoRA and vLLM: adapter (send only the adapter) | merged (full merged weights)
     logprob_diff_warn: float = 1e-3  # warn when mean |rollout - trainer log-prob| exceeds this
+    # one-step off-policy: the engines generate step t+1's rollout while step t trains (needs algorithm.tis_cap;
+    # not with dynamic sampling, nor colocated on GPUs); rollout/logprob_diff then includes one update's change
+    overlap: bool = False
 
 
 @dataclass
@@ -292,6 +295,15 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("rollout.engine", r.engine, ENGINES)
     choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
     choice("rollout.sync_channel", r.sync_channel, SYNC_CHANNELS)
+    if r.overlap and a.dynamic_sampling:
+        bad("rollout.overlap", True, "cannot refill a rollout that was generated ahead; set "
+            "algorithm.dynamic_sampling=false or rollout.overlap=false")
+    if r.overlap and a.tis_cap is None:
+        bad("rollout.overlap", True, "trains on rollouts from the weights one update old: set algorithm.tis_cap "
+            "(e.g. 2.0), whose importance weight pi_old/pi_rollout corrects for that (decoupled PPO)")
+    if r.overlap and cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
+        bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
+            "placement.mode=split or rollout.overlap=false")
     pl = cfg.placement
     gpu_neighbours = pl.mode == "colocate" and r.num_engines <= cfg.trainer.world_size
     if r.sync_channel == "ipc" and pl.num_gpus > 0 and not gpu_neighbours:

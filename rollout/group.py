@@ -31,12 +31,20 @@ class RolloutGroup:
         return ray_get([getattr(e, method).remote(*args, **kwargs) for e in self.engines], self.timeout_s, self.roles)
 
     def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
-        """Contiguous chunks per engine; per-prompt seeds are offset by the chunk start, so the samples are the same
-        whatever the number of engines."""
+        return self.collect(self.submit(prompt_ids, sampling))
+
+    def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> tuple:
+        """Start generating without waiting (`collect` waits). Contiguous chunks per engine; per-prompt seeds are
+        offset by the chunk start, so the samples are the same whatever the number of engines."""
         n = len(self.engines)
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
         spans = [(e, lo, hi) for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
-        refs = [e.generate.remote(prompt_ids[lo:hi], replace(sampling, seed=sampling.seed + lo)) for e, lo, hi in spans]
+        return spans, [e.generate.remote(prompt_ids[lo:hi], replace(sampling, seed=sampling.seed + lo))
+                       for e, lo, hi in spans]
+
+    def collect(self, submitted: tuple) -> list[Sample]:
+        """The samples of a `submit`, in prompt order."""
+        spans, refs = submitted
         chunks = ray_get(refs, self.timeout_s, self.roles)
         out = []
         for (_, lo, _), chunk in zip(spans, chunks):
