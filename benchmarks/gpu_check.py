@@ -125,7 +125,7 @@ def ipc_row(path: str, args) -> dict:
     placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
-                            dtype=args.dtype)
+                          dtype=args.dtype)
     group = RolloutGroup.create(1, dict(model_path=path, dtype=args.dtype), placement.options["rollout"], HFEngine)
     try:
         specs = trainers.weight_specs()

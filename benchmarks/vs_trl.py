@@ -76,7 +76,8 @@ def sft_checkpoint(size: str) -> str:
 def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines: int = 1) -> tuple[str, list[str]]:
     """Our recipe and overrides that pin every setting the comparison shares; `ranks` trainer processes (data
     parallel) and `engines` vLLM engines, each one torch thread."""
-    common = [f"trainer.world_size={ranks}" if algo == "grpo" else "trainer.world_size=1",f"model.path={model}", f"output_dir={out}", f"trainer.max_steps={steps}", "trainer.warmup_steps=0",
+    common = [f"trainer.world_size={ranks}" if algo == "grpo" else "trainer.world_size=1", f"model.path={model}",
+              f"output_dir={out}", f"trainer.max_steps={steps}", "trainer.warmup_steps=0",
               "trainer.grad_clip=1.0", "trainer.weight_decay=0.0", "eval.every=0", "checkpoint.every=0",
               "logging.tensorboard=false", f"data.num_train={steps * 64}"]
     if algo == "dpo":

@@ -86,11 +86,11 @@ class RLController:
         self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
         common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
         self.policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
-                                   self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
-                                   seed=cfg.seed, lora=cfg.model.lora, **common)
+                                 self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
+                                 seed=cfg.seed, lora=cfg.model.lora, **common)
         self.critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
-                                    model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
-                                    seed=cfg.seed, **common) if "critic" in ranks else None)
+                                  model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
+                                  seed=cfg.seed, **common) if "critic" in ranks else None)
         self.reward_model = (make_actor(RewardModel, "reward model", self.placement.options["reward"][0],
                                         ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed),
                                         **common) if "reward" in ranks else None)

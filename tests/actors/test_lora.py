@@ -69,7 +69,7 @@ def test_lora_under_two_rank_zero3_matches_a_single_process(ray_local, tiny_mode
     tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=4, warmup_steps=0)
     single = PolicyTrainer(tiny_model_dir, tr, lora=lora)
     group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir,
-                         tr=replace(tr, zero_stage=3), lora=lora)
+                       tr=replace(tr, zero_stage=3), lora=lora)
     try:
         for b in batches:
             single.sft_step(b)

@@ -89,7 +89,7 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
     placement = Placement("colocate", 2, {"policy": 2, "rollout": 2})
     tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
-                            model_path=tiny_model_dir, tr=tr)
+                          model_path=tiny_model_dir, tr=tr)
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
     try:
         specs = trainers.weight_specs()
