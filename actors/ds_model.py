@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from rlhf.batch import Batch, length_grouped, scatter_rows, split_batch
+from rlhf.batch import Batch, length_grouped, map_grouped, split_batch
 from rlhf.config import TrainerConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,14 +121,13 @@ class DSModel:
         """fn(micro-batch, model output) without gradients over length-grouped micro-batches; per-row results come
         back in the batch's row order, on CPU, padded to the batch's width ((b, w-1) -> (B, L-1))."""
         self.engine.eval()
-        pieces, width = [], batch["input_ids"].shape[1]
-        for rows, mb in length_grouped(batch, self.cfg.micro_batch_size):
+
+        def run(mb: Batch) -> torch.Tensor:
             mb = self.on_device(mb)
-            out = fn(mb, self(mb)).cpu()
-            pieces.append((rows, out))
-            out_width = width - mb["input_ids"].shape[1] + (out.shape[1] if out.dim() > 1 else 0)
+            return fn(mb, self(mb)).cpu()
+        out = map_grouped(batch, self.cfg.micro_batch_size, run)
         self.engine.train()
-        return scatter_rows(pieces, len(batch["input_ids"]), out_width)
+        return out
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one

@@ -29,6 +29,12 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
                                                       task_type="CAUSAL_LM"))
 
 
+def _drain(weights: Iterator) -> None:
+    """For a rank that keeps nothing: it still takes part in every ZeRO-3 gather of the export."""
+    for _ in weights:
+        pass
+
+
 def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
     return token_logprobs(out.logits[:, :-1], mb["input_ids"][:, 1:])
 
@@ -143,13 +149,15 @@ class PolicyTrainer:
         if self.lora is None:
             return self.ds.save_hf(out_dir, tokenizer_path)
         adapter = self._adapter_state()
-        merged = dict(self.iter_weights())
-        if self.rank == 0:
-            self.model.save_pretrained(out_dir.rstrip("/") + "_adapter", state_dict=adapter)
-            self.model.get_base_model().save_pretrained(out_dir, state_dict=merged, safe_serialization=True)
-            if tokenizer_path is not None:
-                from transformers import AutoTokenizer
-                AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+        if self.rank != 0:
+            _drain(self.iter_weights())
+            return
+        self.model.save_pretrained(out_dir.rstrip("/") + "_adapter", state_dict=adapter)
+        self.model.get_base_model().save_pretrained(out_dir, state_dict=dict(self.iter_weights()),
+                                                    safe_serialization=True)
+        if tokenizer_path is not None:
+            from transformers import AutoTokenizer
+            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
 
     # ---- weight export for sync ----
     def export_adapter(self) -> dict[str, bytes]:
@@ -213,8 +221,10 @@ class PolicyTrainer:
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""
-        weights = [(n, t.to("cpu", copy=True)) for n, t in self.iter_weights()]
-        return weights if self.rank == 0 else []
+        if self.rank != 0:
+            _drain(self.iter_weights())
+            return []
+        return [(n, t.to("cpu", copy=True)) for n, t in self.iter_weights()]
 
     def sync_address(self) -> tuple[str, int]:
         return node_address()
@@ -225,12 +235,10 @@ class PolicyTrainer:
             self._sync_group = SyncGroup(host, port, 0, world_size)
 
     def send_weights(self, plan: list[list[TensorSpec]]) -> int:
-        weights = self.iter_weights()
-        if self.rank == 0:
-            return send_weights(self._sync_group, weights, plan)
-        for _ in weights:  # still take part in every ZeRO-3 gather
-            pass
-        return 0
+        if self.rank != 0:
+            _drain(self.iter_weights())
+            return 0
+        return send_weights(self._sync_group, self.iter_weights(), plan)
 
     def init_ipc(self, host: str, port: int, engines: list[int], plan: list[list[TensorSpec]]) -> dict:
         """`ipc` channel: this rank feeds `engines` (their indices) through shared staging buffers; rank 0 hosts the
@@ -246,9 +254,7 @@ class PolicyTrainer:
             self._ipc.opened()
 
     def send_ipc(self, plan: list[list[TensorSpec]]) -> int:
-        weights = self.iter_weights()
-        if self._ipc is not None:
-            return self._ipc.send(weights, plan)
-        for _ in weights:  # feeds no engine, but takes part in every ZeRO-3 gather
-            pass
-        return 0
+        if self._ipc is None:  # feeds no engine
+            _drain(self.iter_weights())
+            return 0
+        return self._ipc.send(self.iter_weights(), plan)

@@ -5,7 +5,7 @@ import torch
 
 from actors.ds_model import DTYPES
 from algorithms.logprobs import token_logprobs
-from rlhf.batch import Batch, length_grouped, scatter_rows
+from rlhf.batch import Batch, map_grouped
 
 
 class ReferenceModel:
@@ -22,9 +22,8 @@ class ReferenceModel:
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU."""
-        out, (rows, width) = [], batch["input_ids"].shape
-        for idx, mb in length_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, self.micro_batch_size):
+        def run(mb: Batch) -> torch.Tensor:
             ids = mb["input_ids"].to(self.device)
             logits = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device)).logits
-            out.append((idx, token_logprobs(logits[:, :-1], ids[:, 1:]).cpu()))
-        return scatter_rows(out, rows, width - 1)
+            return token_logprobs(logits[:, :-1], ids[:, 1:]).cpu()
+        return map_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, self.micro_batch_size, run)

@@ -8,7 +8,7 @@ import torch
 
 from actors.ds_model import DTYPES, DSModel
 from algorithms.reward import bradley_terry_loss
-from rlhf.batch import Batch, length_grouped, scatter_rows
+from rlhf.batch import Batch, map_grouped
 from rlhf.config import TrainerConfig
 
 
@@ -42,12 +42,14 @@ class RewardModel:
         """One scalar per row: (B,) fp32."""
         was_training = self.model.training
         self.model.eval()
-        dev, rows = self.model.device, len(batch["input_ids"])
-        out = [(idx, self.model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev))
-                .logits[:, 0].float().cpu())
-               for idx, mb in length_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, micro_batch_size)]
+        dev = self.model.device
+
+        def run(mb: Batch) -> torch.Tensor:
+            out = self.model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev))
+            return out.logits[:, 0].float().cpu()
+        scores = map_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, micro_batch_size, run)
         self.model.train(was_training)
-        return scatter_rows(out, rows, 0)
+        return scores
 
     def rm_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of the Bradley-Terry loss on interleaved pairs (rlhf.batch.pack_pairs)."""

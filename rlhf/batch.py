@@ -116,6 +116,17 @@ def _cut(t: torch.Tensor, width: int, w: int) -> torch.Tensor:
     return t
 
 
+def map_grouped(batch: Batch, size: int, fn) -> torch.Tensor:
+    """fn(micro-batch) -> per-row result, (b,) or (b, w', ...), over length_grouped micro-batches of `size` rows;
+    returned in the batch's row order, dim 1 zero-padded back by what each cut removed ((b, w-1) -> (B, L-1))."""
+    pieces, width = [], batch["input_ids"].shape[1]
+    for rows, mb in length_grouped(batch, size):
+        out = fn(mb)
+        pieces.append((rows, out))
+        full = width - mb["input_ids"].shape[1] + (out.shape[1] if out.dim() > 1 else 0)
+    return scatter_rows(pieces, len(batch["input_ids"]), full)
+
+
 def scatter_rows(pieces: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int) -> torch.Tensor:
     """Per-row results of length_grouped micro-batches, (b,) or (b, w', ...), back into one tensor of `rows` rows in
     the original order; dim 1 is zero-padded to `width`."""

@@ -305,8 +305,9 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
             "placement.mode=split or rollout.overlap=false")
     pl = cfg.placement
-    gpu_neighbours = pl.mode == "colocate" and r.num_engines <= cfg.trainer.world_size
-    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not gpu_neighbours:
+    from rlhf.placement import cuda_ipc_reaches
+    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
+                                                                            cfg.trainer.world_size):
         bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
             "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
     if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":

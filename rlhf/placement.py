@@ -79,6 +79,9 @@ def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, wor
     GPU with trainer rank i (colocate, engines <= ranks). Otherwise `broadcast`."""
     if requested != "auto":
         return requested
-    if num_gpus == 0 or (mode == "colocate" and num_engines <= world_size):
-        return "ipc"
-    return "broadcast"
+    return "ipc" if num_gpus == 0 or cuda_ipc_reaches(mode, num_engines, world_size) else "broadcast"
+
+
+def cuda_ipc_reaches(mode: str, num_engines: int, world_size: int) -> bool:
+    """Engine i shares its GPU with trainer rank i, which feeds it (rollout.ipc_sync.feeding_rank)."""
+    return mode == "colocate" and num_engines <= world_size

@@ -76,9 +76,7 @@ def setup_broadcast(trainers: list, group: RolloutGroup, timeout_s: float = 300.
 def broadcast_weights(trainers: list, group: RolloutGroup, plan, timeout_s: float = 600.0) -> int:
     """Every trainer rank exports (ZeRO-3 gathers are collective), rank 0 broadcasts, every engine reloads and drops
     its prefix cache. Returns the bytes sent."""
-    refs = [t.send_weights.remote(plan) for t in trainers] + [e.receive_broadcast.remote(plan) for e in group.engines]
-    roles = [f"policy trainer {i}" for i in range(len(trainers))] + group.roles
-    return ray_get(refs, timeout_s, roles)[0]
+    return _push(trainers, group, "send_weights", "receive_broadcast", plan, timeout_s)
 
 
 def _node_of(_actor_self) -> str:
@@ -141,6 +139,11 @@ def sync_weights(channel: str, trainers: list, group: RolloutGroup, plan) -> int
 def ipc_weights(trainers: list, group: RolloutGroup, plan, timeout_s: float = 600.0) -> int:
     """Every trainer rank exports (ZeRO-3 gathers are collective) and feeds its engines through shared memory; every
     engine reloads and drops its prefix cache. Returns the bytes each engine received."""
-    refs = [t.send_ipc.remote(plan) for t in trainers] + [e.receive_ipc.remote(plan) for e in group.engines]
+    return _push(trainers, group, "send_ipc", "receive_ipc", plan, timeout_s)
+
+
+def _push(trainers: list, group: RolloutGroup, send: str, receive: str, plan, timeout_s: float) -> int:
+    """Both ends of a full-weight sync at once (they block on each other); returns trainer rank 0's byte count."""
+    refs = [getattr(t, send).remote(plan) for t in trainers] + [getattr(e, receive).remote(plan) for e in group.engines]
     roles = [f"policy trainer {i}" for i in range(len(trainers))] + group.roles
     return ray_get(refs, timeout_s, roles)[0]
