@@ -145,17 +145,15 @@ def run_trl(algo: str, model: str, rows: list[dict], steps: int) -> dict:
 def exact_match(cfg, model_dir: str) -> float:
     """Greedy eval of a final model on our held-out prompts, by the same code for both sides."""
     import torch
-    from transformers import AutoTokenizer
 
-    from rlhf.data import prompt_rows
+    from rlhf.data import make_renderer, prompt_rows
     from rlhf.evaluate import evaluate
     from rollout.hf_engine import HFEngine
     from rollout.rewards import resolve_reward_fn
 
     torch.set_num_threads(1)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    return evaluate(HFEngine(model_dir), tok, prompt_rows(cfg.data, "eval", cfg.seed),
-                    resolve_reward_fn(cfg.reward.fn, cfg.data.task), cfg.eval.max_new_tokens)["eval/exact_match"]
+    return evaluate(HFEngine(model_dir), make_renderer(cfg, model_dir), prompt_rows(cfg.data, "eval", cfg.seed),
+                    resolve_reward_fn(cfg.reward.fn, cfg.data.task), cfg.eval, cfg.seed)["eval/exact_match"]
 
 
 def report(results: list[dict], start_em: float, algo: str) -> None:

@@ -14,15 +14,22 @@ def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
     Returns input_ids (B, L), attention_mask (B, L) and, aligned with the *shifted* targets input_ids[:, 1:],
     `loss_mask` (B, L-1) bool that is true on completion tokens.
     """
-    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    return pack_masked([list(p) + list(c) for p, c in zip(prompts, completions)],
+                       [[False] * len(p) + [True] * len(c) for p, c in zip(prompts, completions)], pad_id)
+
+
+def pack_masked(seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[bool]], pad_id: int) -> Batch:
+    """Right-padded rows whose tokens are trained where `targets` is true (e.g. every assistant turn of a
+    conversation). Same tensors as pack_sequences: `loss_mask[i, j - 1]` is `targets[i][j]` (the first token is
+    never a target: nothing predicts it)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(seqs), width), dtype=torch.long)
     loss_mask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
-    for i, (p, s) in enumerate(zip(prompts, seqs)):
-        ids[i, :len(s)] = torch.tensor(s)
+    for i, (s, t) in enumerate(zip(seqs, targets)):
+        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
         attn[i, :len(s)] = 1
-        loss_mask[i, len(p) - 1:len(s) - 1] = True
+        loss_mask[i, :len(s) - 1] = torch.tensor(list(t)[1:], dtype=torch.bool)
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 

@@ -55,9 +55,10 @@ def load_driver_state(path: str) -> dict:
         return json.load(f)
 
 
-def truncate_metrics(output_dir: str, last_step: int) -> None:
-    """Drop metrics rows after the checkpoint's step, so the resumed run logs each step exactly once."""
-    path = os.path.join(output_dir, "metrics.jsonl")
+def truncate_metrics(output_dir: str, last_step: int, name: str = "metrics.jsonl") -> None:
+    """Drop rows of `<output_dir>/<name>` (one JSON object with a `step` a line) after the checkpoint's step, so the
+    resumed run logs each step exactly once."""
+    path = os.path.join(output_dir, name)
     if not os.path.isfile(path):
         return
     with open(path, encoding="utf-8") as f:

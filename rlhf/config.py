@@ -14,6 +14,9 @@ from omegaconf import OmegaConf
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
 from rlhf.errors import UserError
 from rlhf.tasks import TASKS
+from rollout.rewards import BUILTIN as BUILTIN_REWARDS
+
+REWARD_NAMES = tuple(BUILTIN_REWARDS)
 
 STAGES = ("sft", "rl", "dpo", "rm")
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
@@ -65,8 +68,10 @@ class DataConfig:
     task: Optional[str] = "sort"  # a built-in synthetic task, or null to read train_path/eval_path
     train_path: Optional[str] = None  # JSONL, Parquet, or a `datasets` folder saved with save_to_disk
     eval_path: Optional[str] = None
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
+    prompt_key: str = "prompt"  # a string, or a list of {role, content} messages; dotted keys reach nested columns
+    answer_key: str = "answer"  # optional for RL prompts: reward functions receive it as `answer` when present
+    messages_key: str = "messages"  # SFT data as whole conversations (loss on assistant turns), when no prompt
+    apply_chat_template: bool = False  # wrap string prompts as one user message in the checkpoint's chat template
     chosen_key: str = "chosen"  # preference data (reward model, DPO)
     rejected_key: str = "rejected"
     num_train: int = 4096  # synthetic tasks only
@@ -157,6 +162,8 @@ class RewardConfig:
 class EvalConfig:
     every: int = 50  # steps between evaluations; 0 = only before and after training
     max_new_tokens: int = 32
+    n_samples: int = 1  # > 1: also sample this many completions per prompt and report eval/pass@k
+    temperature: float = 1.0  # sampling temperature of those samples (the greedy pass is always temperature 0)
 
 
 @dataclass
@@ -171,6 +178,8 @@ class LoggingConfig:
     tensorboard: bool = True
     wandb_project: Optional[str] = None  # logs to W&B when set and wandb is installed
     console_every: int = 10
+    rollouts_every: int = 0  # stage rl: every N steps append samples to <output_dir>/rollouts.jsonl; 0 = never
+    rollouts_per_step: int = 8  # how many samples (the first of that step's rollout) each dump holds
 
 
 @dataclass
@@ -275,12 +284,21 @@ def validate(cfg: RunConfig) -> list[str]:
     if cfg.stage in ("dpo", "rm") and tr.micro_batch_size % 2:
         bad("trainer.micro_batch_size", tr.micro_batch_size, "counts sequences and must be even for preference "
             "pairs (chosen and rejected stay in the same micro-batch)")
-    if cfg.reward.fn is not None and (cfg.reward.fn.count(":") != 1 or not all(cfg.reward.fn.split(":"))):
-        bad("reward.fn", cfg.reward.fn, "write it as 'package.module:function'")
+    fn = cfg.reward.fn
+    if fn is not None and fn not in REWARD_NAMES and (fn.count(":") != 1 or not all(fn.split(":"))):
+        bad("reward.fn", fn, f"write it as 'package.module:function', or name a built-in reward: "
+            f"{', '.join(REWARD_NAMES)}")
     if cfg.eval.every < 0:
         bad("eval.every", cfg.eval.every, "must be >= 0 (0 evaluates only before and after training)")
     positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
+    positive("eval.n_samples", cfg.eval.n_samples)
+    if cfg.eval.n_samples > 1 and cfg.eval.temperature <= 0:
+        bad("eval.temperature", cfg.eval.temperature, "must be > 0 when eval.n_samples > 1 (greedy samples are "
+            "all the same); the greedy pass runs anyway")
     positive("logging.console_every", cfg.logging.console_every)
+    if cfg.logging.rollouts_every < 0 or cfg.logging.rollouts_per_step < 1:
+        bad("logging.rollouts_every/rollouts_per_step", (cfg.logging.rollouts_every, cfg.logging.rollouts_per_step),
+            "need rollouts_every >= 0 (0 = no dumps) and rollouts_per_step >= 1")
     positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.checkpoint.every < 0:
         bad("checkpoint.every", cfg.checkpoint.every, "must be >= 0 (0 = only at the end)")

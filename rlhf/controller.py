@@ -17,11 +17,11 @@ from algorithms.common import masked_mean, masked_whiten
 from algorithms.kl import kl_estimate
 from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import RunConfig, to_yaml
-from rlhf.data import BatchIterator, prompt_rows
+from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import evaluate
-from rlhf.loop import BadStepGuard, warn_skipped
+from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
 from rlhf import checkpoint
-from rlhf.metrics import MetricsLogger, read_metrics
+from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score
@@ -40,15 +40,13 @@ class PhaseTimer:
 
 class RLController:
     def __init__(self, cfg: RunConfig):
-        from transformers import AutoTokenizer
-
         from actors.remote import init_ray
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
         self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, trust_remote_code=cfg.model.trust_remote_code)
+        self.renderer = make_renderer(cfg, self.model_path)
         self.last_checkpoint = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
         self.guard = BadStepGuard(cfg.trainer.max_bad_steps)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
@@ -56,8 +54,11 @@ class RLController:
         # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
                                    and not (a.kl_coef > 0 and a.kl_in_reward))
-        if self.last_checkpoint is not None:  # before the logger appends: steps after the checkpoint are redone
-            checkpoint.truncate_metrics(cfg.output_dir, checkpoint.load_driver_state(self.last_checkpoint)["step"])
+        # Before the logger appends: steps after the checkpoint are redone, and a run killed before its first
+        # checkpoint starts over with a new metrics file.
+        resumed = checkpoint.load_driver_state(self.last_checkpoint)["step"] if self.last_checkpoint else -1
+        checkpoint.truncate_metrics(cfg.output_dir, resumed)
+        self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, resumed)
         init_ray()
         self._start_workers()
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
@@ -182,10 +183,12 @@ class RLController:
                     self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
                     rows, samples = self._generate(step, attempt)
                     self.rollout.call("sleep")
-            batch = samples_to_batch(samples, self.tokenizer.pad_token_id)
+            batch = samples_to_batch(samples, self.renderer.pad_id)
             with t("reward"):
                 rewards, scored = self._score(rows, samples, batch)
                 metrics.update(scored)
+            if attempt == 0:
+                self.dumps.write(step, rows, samples, rewards, self.renderer)
             if rounds == 1:
                 return samples, batch, rewards, metrics
             for g, group in enumerate(rewards.view(-1, n)):
@@ -195,7 +198,7 @@ class RLController:
         chosen = (kept + spare)[:want]
         samples = [replace(s, prompt_index=i) for i, (group, _) in enumerate(chosen) for s in group]
         metrics.update({"rollout/kept_group_frac": min(len(kept), want) / want, "rollout/fill_rounds": attempt + 1})
-        return samples, samples_to_batch(samples, self.tokenizer.pad_token_id), torch.cat([r for _, r in chosen]), \
+        return samples, samples_to_batch(samples, self.renderer.pad_id), torch.cat([r for _, r in chosen]), \
             metrics
 
     def _generate(self, step: int, attempt: int = 0):
@@ -205,9 +208,10 @@ class RLController:
     def _submit(self, step: int, attempt: int = 0):
         r = self.cfg.rollout
         rows = self.prompts.next()
-        ids = [self.tokenizer(x["prompt"], add_special_tokens=False).input_ids for x in rows]
+        ids = [self.renderer.prompt_ids(x["prompt"]) for x in rows]
         sampling = SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101)
+                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101,
+                                  stop_token_ids=self.renderer.stop_ids([x["prompt"] for x in rows]))
         return rows, self.rollout.submit(ids, sampling)
 
     def _overlapped(self, step: int):
@@ -230,7 +234,7 @@ class RLController:
         """Rewards from the reward model when configured (the task's own reward is then only logged), else from
         the reward function."""
         prompts = [rows[s.prompt_index]["prompt"] for s in samples]
-        completions = self.tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
+        completions = [self.renderer.decode(s.completion_ids) for s in samples]
         metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in rows[0] if k != "prompt"}
         task = torch.tensor(score(self.reward_fn, prompts, completions, metadata))
         if self.reward_model is None:
@@ -279,7 +283,7 @@ class RLController:
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:
         self.rollout.call("wake_up", ["kv_cache"])
-        return evaluate(self.rollout, self.tokenizer, self.eval_rows, self.reward_fn, self.cfg.eval.max_new_tokens)
+        return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)
 
     def fit(self) -> dict[str, float]:
         cfg = self.cfg
@@ -301,9 +305,8 @@ class RLController:
                 self._save_checkpoint(step)
         out = os.path.join(cfg.output_dir, "final")
         self.policy.save_hf(out, self.model_path)
-        evals = [r for r in read_metrics(cfg.output_dir) if "eval/exact_match" in r]
-        self.logger.console(f"{cfg.algorithm.name} done: eval/exact_match {evals[0]['eval/exact_match']:.3f} -> "
-                            f"{evals[-1]['eval/exact_match']:.3f}, model saved to {out}")
+        summary = eval_summary(read_metrics(cfg.output_dir), answer_metric(cfg))
+        self.logger.console(f"{cfg.algorithm.name} done: {summary}, model saved to {out}")
         return row
 
     def _save_checkpoint(self, step: int) -> None:

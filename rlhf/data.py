@@ -9,6 +9,7 @@ from typing import Iterator, Optional
 from rlhf.config import DataConfig
 from rlhf.errors import UserError
 from rlhf import tasks
+from rollout.render import PromptRenderer, is_messages
 
 
 def read_rows(path: str) -> Iterator[tuple[int, object]]:
@@ -67,46 +68,129 @@ def _datasets_rows(path: str) -> Iterator[tuple[int, object]]:
     yield from enumerate(ds, start=1)
 
 
-def load_records(path: str, fields: dict[str, str]) -> list[dict]:
+# What each of our columns may hold: the check, and how to say what was expected.
+_KINDS = {
+    "prompt": (lambda v: isinstance(v, str) or is_messages(v), "a string or a list of {role, content} messages"),
+    "chosen": (lambda v: isinstance(v, str) or is_messages(v), "a string or a list of assistant messages"),
+    "answer": (lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool) or is_messages(v),
+               "a string, a number or a list of assistant messages"),
+    "messages": (is_messages, "a list of {role, content} messages"),
+}
+_KINDS["rejected"] = _KINDS["chosen"]
+
+
+def column(row: dict, key: str):
+    """`row[key]`, where a dotted key reaches into nested columns (verl's `reward_model.ground_truth`); a column
+    whose own name has a dot wins. KeyError when absent."""
+    if key in row:
+        return row[key]
+    value = row
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(key)
+        value = value[part]
+    return value
+
+
+def load_records(path: str, fields: dict[str, str], optional: tuple[str, ...] = ()) -> list[dict]:
     """Rows of `path` as dicts keyed by our names. `fields` maps our name -> the file's column (e.g.
-    {"prompt": "question"}); every mapped column must hold a string. Extra columns are kept as metadata."""
-    rows = []
-    for where, row in read_rows(path):
-        if not isinstance(row, dict):
-            raise UserError(f"{path}:{where}: expected a JSON object, got {type(row).__name__}")
-        out = {k: v for k, v in row.items() if k not in fields.values()}
-        for ours, theirs in fields.items():
-            if theirs not in row:
-                raise UserError(f"{path}:{where}: missing field {theirs!r} (has {sorted(row)}); set "
-                                f"data.{ours}_key to the column that holds the {ours}")
-            if not isinstance(row[theirs], str):
-                raise UserError(f"{path}:{where}: field {theirs!r} must be a string, got "
-                                f"{type(row[theirs]).__name__}")
-            out[ours] = row[theirs]
-        rows.append(out)
+    {"prompt": "question"}, or a dotted path into a nested column); our names in `optional` may be missing from a
+    row. Prompts, answers, chosen and rejected may be strings or message lists. Other columns are kept as
+    metadata (a reward function receives them)."""
+    rows = [row for _, row in _records(path, fields, optional)]
     if not rows:
         raise UserError(f"{path}: the dataset is empty; it needs at least one row")
     return rows
 
 
-def prompt_rows(d: DataConfig, split: str, seed: int) -> list[dict]:
-    """Rows with `prompt` and `answer` for SFT, RL prompts and evaluation."""
-    if d.task is not None:
-        return tasks.make_rows(d, split, seed)
+def _records(path: str, fields: dict[str, str], optional: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
+    for where, row in read_rows(path):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{where}: expected a JSON object, got {type(row).__name__}")
+        out = {k: v for k, v in row.items() if k not in fields.values()}
+        for ours, theirs in fields.items():
+            try:
+                value = column(row, theirs)
+            except KeyError:
+                if ours in optional:
+                    continue
+                raise UserError(f"{path}:{where}: missing field {theirs!r} (has {sorted(row)}); set "
+                                f"data.{ours}_key to the column that holds the {ours}") from None
+            check, expected = _KINDS[ours]
+            if not check(value):
+                raise UserError(f"{path}:{where}: field {theirs!r} must be {expected}, got "
+                                f"{type(value).__name__} {str(value)[:60]!r}")
+            out[ours] = value
+        yield where, out
+
+
+def _path(d: DataConfig, split: str, what: str) -> str:
     path: Optional[str] = d.train_path if split == "train" else d.eval_path
     if path is None:
-        raise UserError("data.eval_path is unset and data.task is null: set data.eval_path to held-out prompts")
-    return load_records(path, {"prompt": d.prompt_key, "answer": d.answer_key})
+        raise UserError(f"data.eval_path is unset and data.task is null: set data.eval_path to held-out {what}")
+    return path
+
+
+def prompt_rows(d: DataConfig, split: str, seed: int, need_answer: bool = False) -> list[dict]:
+    """Rows with a `prompt` (a string or messages) and, where the data has one, an `answer` (RL prompt sets need
+    none). A row with a conversation in `data.messages_key` and no prompt column gets the conversation before its
+    last assistant turn as `prompt` and that turn as `answer`, and keeps `messages` (SFT trains on every assistant
+    turn). `need_answer` (SFT) makes a row with a prompt but no answer an error."""
+    if d.task is not None:
+        return tasks.make_rows(d, split, seed)
+    path, rows = _path(d, split, "prompts"), []
+    fields = {"prompt": d.prompt_key, "answer": d.answer_key, "messages": d.messages_key}
+    for where, row in _records(path, fields, optional=("prompt", "answer", "messages")):
+        if "prompt" not in row and "messages" in row:
+            row = _split_conversation(row, path, where)
+        elif "prompt" not in row:
+            raise UserError(f"{path}:{where}: missing field {d.prompt_key!r} (has {sorted(row)}); set "
+                            f"data.prompt_key to the column that holds the prompt, or data.messages_key to a "
+                            "column of conversations")
+        elif need_answer and "answer" not in row:
+            raise UserError(f"{path}:{where}: missing field {d.answer_key!r}, which SFT trains on; set "
+                            "data.answer_key to the column that holds the answer")
+        rows.append(row)
+    if not rows:
+        raise UserError(f"{path}: the dataset is empty; it needs at least one row")
+    return rows
+
+
+def _split_conversation(row: dict, path: str, where: int) -> dict:
+    messages = row["messages"]
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+    if last == 0:
+        raise UserError(f"{path}:{where}: the conversation in 'messages' needs an assistant turn after a user turn")
+    return {**row, "prompt": messages[:last], "answer": [messages[last]]}
 
 
 def preference_rows(d: DataConfig, split: str, seed: int) -> list[dict]:
-    """Rows with `prompt`, `chosen` and `rejected` for reward-model and DPO training."""
+    """Rows with `prompt`, `chosen` and `rejected` for reward-model and DPO training. Without a prompt column,
+    chosen and rejected may be whole conversations (TRL's implicit prompt): their shared first turns are the
+    prompt."""
     if d.task is not None:
         return tasks.make_preference_rows(d, split, seed)
-    path = d.train_path if split == "train" else d.eval_path
-    if path is None:
-        raise UserError("data.eval_path is unset and data.task is null: set data.eval_path to held-out pairs")
-    return load_records(path, {"prompt": d.prompt_key, "chosen": d.chosen_key, "rejected": d.rejected_key})
+    path = _path(d, split, "pairs")
+    rows = load_records(path, {"prompt": d.prompt_key, "chosen": d.chosen_key, "rejected": d.rejected_key},
+                        optional=("prompt",))
+    for where, r in enumerate(rows, start=1):
+        if "prompt" not in r:
+            r.update(_implicit_prompt(r, path, where, d.prompt_key))
+    return rows
+
+
+def _implicit_prompt(row: dict, path: str, where: int, prompt_key: str) -> dict:
+    chosen, rejected = row["chosen"], row["rejected"]
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise UserError(f"{path}:{where}: missing field {prompt_key!r}; set data.prompt_key, or give chosen and "
+                        "rejected as whole conversations whose first turns (the prompt) are the same")
+    n = 0
+    while n < min(len(chosen), len(rejected)) - 1 and chosen[n] == rejected[n]:
+        n += 1
+    if n == 0 or any(m["role"] != "assistant" for m in chosen[n:] + rejected[n:]):
+        raise UserError(f"{path}:{where}: chosen and rejected must share their first turns (the prompt) and differ "
+                        "only in assistant turns")
+    return {"prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]}
 
 
 class BatchIterator:
@@ -141,3 +225,9 @@ class BatchIterator:
     def load_state(self, state: dict) -> None:
         self.epoch, self.index = state["epoch"], state["index"]
         self._order = self._shuffle()
+
+
+def make_renderer(cfg, model_path: str) -> PromptRenderer:
+    """The prompt renderer of a run: the checkpoint's tokenizer and generation_config, `data.apply_chat_template`."""
+    return PromptRenderer.from_pretrained(model_path, chat=cfg.data.apply_chat_template,
+                                          trust_remote_code=cfg.model.trust_remote_code)

@@ -1,18 +1,43 @@
-"""Greedy evaluation on held-out prompts: `eval/reward_mean` and `eval/exact_match`."""
+"""Evaluation on held-out prompts, rendered exactly as in training: greedy `eval/reward_mean`, `eval/accuracy`
+(reward 1.0) and `eval/exact_match`; with `eval.n_samples` > 1, also `eval/pass@k` from that many samples per
+prompt at `eval.temperature`."""
 from __future__ import annotations
 
+import torch
+
+from algorithms.evaluation import pass_at_k, pass_at_k_levels
+from rlhf.config import EvalConfig
 from rollout.engine import SamplingConfig
-from rollout.rewards import RewardFn, score
+from rollout.render import PromptRenderer
+from rollout.rewards import RewardFn, final_answer, score
 
 
-def evaluate(engine, tokenizer, rows: list[dict], reward_fn: RewardFn, max_new_tokens: int) -> dict[str, float]:
-    """Exact match compares the stripped completion with the row's `answer` (a reward of 1.0 where there is none)."""
+def evaluate(engine, renderer: PromptRenderer, rows: list[dict], reward_fn: RewardFn, cfg: EvalConfig,
+             seed: int = 0) -> dict[str, float]:
+    """Exact match compares the stripped completion with the row's answer (its `#### x` part for GSM8K-style
+    answers); a row without one counts as matched when its reward is 1.0, the same rule as `eval/accuracy`."""
     prompts = [r["prompt"] for r in rows]
-    ids = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
-    samples = engine.generate(ids, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0))
-    completions = tokenizer.batch_decode([s.completion_ids for s in samples], skip_special_tokens=True)
-    metadata = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-    rewards = score(reward_fn, prompts, completions, metadata)
-    exact = [c.strip() == r["answer"].strip() if "answer" in r else rw >= 1.0
+    ids = [renderer.prompt_ids(p) for p in prompts]
+    stops = renderer.stop_ids(prompts)
+    greedy = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=0.0, stop_token_ids=stops)
+    rewards, completions = _score(engine.generate(ids, greedy), renderer, rows, reward_fn, 1)
+    exact = [c.strip() == final_answer(r["answer"]) if "answer" in r else rw >= 1.0
              for c, r, rw in zip(completions, rows, rewards)]
-    return {"eval/reward_mean": sum(rewards) / len(rewards), "eval/exact_match": sum(exact) / len(exact)}
+    out = {"eval/reward_mean": sum(rewards) / len(rewards), "eval/accuracy": sum(rw >= 1.0 for rw in rewards) /
+           len(rewards), "eval/exact_match": sum(exact) / len(exact)}
+    if cfg.n_samples > 1:
+        n = cfg.n_samples
+        sampled = SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, n=n,
+                                 seed=seed + 7919, stop_token_ids=stops)
+        sample_rewards, _ = _score(engine.generate(ids, sampled), renderer, rows, reward_fn, n)
+        correct = (torch.tensor(sample_rewards).view(len(rows), n) >= 1.0).sum(1)
+        out.update({f"eval/pass@{k}": pass_at_k(correct, n, k).mean().item() for k in pass_at_k_levels(n)})
+    return out
+
+
+def _score(samples, renderer: PromptRenderer, rows: list[dict], reward_fn: RewardFn, n: int):
+    """Rewards of `n` samples per row, in row order (prompts as the dataset holds them, metadata columns aligned)."""
+    completions = [renderer.decode(s.completion_ids) for s in samples]
+    expanded = [r for r in rows for _ in range(n)]
+    metadata = {k: [r.get(k) for r in expanded] for k in rows[0] if k != "prompt"}
+    return score(reward_fn, [r["prompt"] for r in expanded], completions, metadata), completions

@@ -59,6 +59,20 @@ def warn_skipped(logger: MetricsLogger, step: int, row: dict) -> None:
                    f"{row.get('train/grad_norm')})")
 
 
+def answer_metric(cfg: RunConfig) -> str:
+    """The evaluation figure a stage reports: exact match on the built-in tasks, whose answers are the expected
+    text; the share of completions with reward 1.0 under a chosen reward (a verifier accepts many texts)."""
+    return "eval/exact_match" if cfg.reward.fn is None else "eval/accuracy"
+
+
+def eval_summary(rows: list[dict], headline: str) -> str:
+    """`<metric> first -> last` for the headline evaluation metric and the widest pass@k logged."""
+    evals = [r for r in rows if headline in r]
+    passes = sorted((k for k in evals[0] if k.startswith("eval/pass@")), key=lambda k: int(k.split("@")[1]))
+    keys = [headline] + passes[-1:]
+    return ", ".join(f"{k} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys)
+
+
 def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[], dict],
              headline: str, trainer: Checkpointable, data: BatchIterator, model_path: str) -> tuple[dict, dict]:
     """Returns (first evaluation, last metrics row); prints `<stage> done: <headline> before -> after`.
@@ -72,6 +86,8 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
         trainer.load_checkpoint(resume_from)
         data.load_state(state["data"])
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state["guard"])
+    else:  # a run killed before its first checkpoint starts over: so does its metrics file
+        checkpoint.truncate_metrics(cfg.output_dir, -1)
     logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=cfg.stage)
     try:
         if start == 0:
@@ -97,9 +113,9 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
                                                 "guard": guard.state()}, cfg.checkpoint.keep_last)
         out = os.path.join(cfg.output_dir, "final")
         trainer.save_hf(out, model_path)
-        evals = [r for r in read_metrics(cfg.output_dir) if headline in r]
-        logger.console(f"{cfg.stage} done: {headline} {evals[0][headline]:.3f} -> {evals[-1][headline]:.3f}, "
-                       f"model saved to {out}")
+        rows = read_metrics(cfg.output_dir)
+        evals = [r for r in rows if headline in r]
+        logger.console(f"{cfg.stage} done: {eval_summary(rows, headline)}, model saved to {out}")
         return evals[0], row
     finally:
         logger.close()

@@ -57,6 +57,33 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+class RolloutDumps:
+    """`<run_dir>/rollouts.jsonl`: every `logging.rollouts_every` steps, the first `logging.rollouts_per_step`
+    samples of that step's rollout: the prompt as the model saw it (special tokens and chat template included), the
+    completion, its reward and why it stopped. A resumed run first drops what was dumped after its checkpoint; a
+    run that starts over starts a new file."""
+
+    NAME = "rollouts.jsonl"
+
+    def __init__(self, run_dir: str, cfg: LoggingConfig, resumed_step: int):
+        """`resumed_step`: the step of the checkpoint the run resumes from, -1 for a run from scratch."""
+        from rlhf import checkpoint
+
+        self.path, self.every, self.per_step = os.path.join(run_dir, self.NAME), cfg.rollouts_every, \
+            cfg.rollouts_per_step
+        checkpoint.truncate_metrics(run_dir, resumed_step, self.NAME)
+
+    def write(self, step: int, rows: list[dict], samples, rewards, renderer) -> None:
+        if not self.every or step % self.every:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            for s, reward in zip(samples[:self.per_step], rewards[:self.per_step].tolist()):
+                f.write(json.dumps({
+                    "step": step, "prompt": renderer.render_text(s.prompt_ids),
+                    "completion": renderer.render_text(s.completion_ids), "reward": _plain(float(reward)),
+                    "finish_reason": s.finish_reason, "answer": rows[s.prompt_index].get("answer")}) + "\n")
+
+
 def read_metrics(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -12,6 +12,7 @@ class SamplingConfig:
     top_p: float = 1.0
     n: int = 1  # samples per prompt
     seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()  # ends a completion (kept as its last token), besides the engine's eos
 
 
 @dataclass
@@ -22,13 +23,13 @@ class Sample:
     prompt_ids: list[int]
     completion_ids: list[int]
     rollout_logprobs: list[float]
-    finish_reason: str  # "stop" (EOS) or "length"
+    finish_reason: str  # "stop" (an eos or stop token, kept as the last completion id) or "length"
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
-        """`n` samples per prompt (token ids, or text the engine tokenizes), in prompt order (all samples of prompt
-        0, then prompt 1, ...)."""
+    def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
+        """`n` samples per prompt (token ids, or a text / message-list prompt the engine renders with
+        `rollout.render.PromptRenderer`), in prompt order (all samples of prompt 0, then prompt 1, ...)."""
 
     def update_weights(self, named_tensors) -> None:
         """Load new weights (Hugging Face names) into the running engine and drop any cached KV."""

@@ -1,25 +1,27 @@
 """`HFEngine`: batched transformers `generate` behind the `RolloutEngine` protocol, for hosts without vLLM."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
 from rollout.engine import Sample, SamplingConfig
+from rollout.render import PromptRenderer, render_prompts
 
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32", trust_remote_code: bool = False,
                  batch_size: int = 64, **_ignored_vllm_options):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from actors.ds_model import DTYPES
-        tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
                                                      trust_remote_code=trust_remote_code)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._setup(model.eval().to(device), tok.eos_token_id, tok.pad_token_id, batch_size)
-        self.tokenizer = tok
+        renderer = PromptRenderer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self._setup(model.eval().to(device), renderer.eos_id, renderer.pad_id, batch_size)
+        self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, renderer
 
     @classmethod
     def from_model(cls, model, eos_id: int, pad_id: int, batch_size: int = 64) -> "HFEngine":
@@ -30,15 +32,14 @@ class HFEngine:
 
     def _setup(self, model, eos_id: int, pad_id: int, batch_size: int) -> None:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
-        self._sync_group, self.tokenizer = None, None
+        self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
-        """`prompts`: token-id lists, or strings (tokenized here; not with `from_model`, which has no tokenizer)."""
-        if any(isinstance(p, str) for p in prompts):
-            if self.tokenizer is None:
-                raise ValueError("this HFEngine wraps a bare model: pass token ids, not strings")
-            prompts = [self.tokenizer(p).input_ids if isinstance(p, str) else p for p in prompts]
+    def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
+        """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (not
+        with `from_model`, which has no tokenizer)."""
+        prompts, stops = render_prompts(self, prompts, sampling)
+        sampling = replace(sampling, stop_token_ids=stops)
         was_training = self.model.training
         self.model.eval()
         gen = torch.Generator().manual_seed(sampling.seed)
@@ -60,18 +61,19 @@ class HFEngine:
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
         res = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
-            eos_token_id=self.eos_id, pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
-            **kwargs)
+            eos_token_id=[self.eos_id, *sampling.stop_token_ids], pad_token_id=self.pad_id, output_logits=True,
+            return_dict_in_generate=True, **kwargs)
         new = res.sequences[:, width:]
         # Log-probs under the raw model distribution (vLLM's default `raw_logprobs`), which is what the trainer
         # recomputes; temperature/top-p only shape the sampling.
         logps = torch.stack(res.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
         new = new.cpu()
-        samples = []
+        samples, stops = [], {self.eos_id, *sampling.stop_token_ids}
         for row, (index, prompt) in enumerate(items):
             toks = new[row].tolist()
-            stop = self.eos_id in toks
-            length = toks.index(self.eos_id) + 1 if stop else len(toks)
+            ends = [j for j, t in enumerate(toks) if t in stops]
+            stop = bool(ends)
+            length = ends[0] + 1 if stop else len(toks)
             samples.append(Sample(index, prompt, toks[:length], logps[row, :length].tolist(),
                                   "stop" if stop else "length"))
         return samples

@@ -53,7 +53,41 @@ def add_reward(prompts: Sequence[str], completions: Sequence[str], answer: Seque
     return out
 
 
-BUILTIN = {"sort": sort_reward, "add": add_reward}
+def final_answer(answer) -> str:
+    """The ground truth a dataset row holds, as text: what follows the last `####` in a GSM8K-style solution
+    (`... so she has 42 apples. #### 42` -> `42`, thousands separators dropped), else the value itself; the
+    content of the last message when it is a list of assistant messages."""
+    if isinstance(answer, list):
+        answer = answer[-1]["content"] if answer else ""
+    text = str(answer)
+    if "####" in text:
+        text = text.rsplit("####", 1)[1].strip().replace(",", "")
+    return text.strip()
+
+
+def math_reward(prompts: Sequence, completions: Sequence[str], answer: Sequence = None, **_) -> list[float]:
+    """1.0 when the completion's final answer (its last `\\boxed{}`, else the last number or expression) equals
+    the ground truth mathematically (Hugging Face's math-verify: 0.5 == \\frac{1}{2}), else 0.0. The ground truth
+    is the row's `answer` (`data.answer_key`), GSM8K's `#### 42` form included."""
+    import threading
+
+    from math_verify import parse, verify
+
+    if answer is None:
+        raise UserError("reward.fn = math compares each completion with the row's answer, and the data has no "
+                        "answer column: set data.answer_key to the column that holds the ground truth")
+    # math-verify bounds its work with SIGALRM, which only the main thread may set.
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    out = []
+    for completion, truth in zip(completions, answer):
+        gold = final_answer(truth)
+        gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", parsing_timeout=limit)
+        pred = parse(completion, parsing_timeout=limit)
+        out.append(1.0 if gold_parsed and pred and verify(gold_parsed, pred, timeout_seconds=limit) else 0.0)
+    return out
+
+
+BUILTIN = {"sort": sort_reward, "add": add_reward, "math": math_reward}
 
 
 def load_reward_fn(spec: str) -> RewardFn:
@@ -71,14 +105,18 @@ def load_reward_fn(spec: str) -> RewardFn:
 
 
 def resolve_reward_fn(spec: str | None, task: str | None) -> RewardFn:
+    """`reward.fn`: a built-in reward's name (sort, add, math), or `package.module:function`; unset = the task's."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
     if spec is not None:
         return load_reward_fn(spec)
     if task is None:
-        raise UserError("reward.fn is unset and data.task is null: set reward.fn to 'package.module:function'")
+        raise UserError("reward.fn is unset and data.task is null: set reward.fn to 'package.module:function' or a "
+                        f"built-in reward ({', '.join(BUILTIN)})")
     return BUILTIN[task]
 
 
-def score(fn: RewardFn, prompts: list[str], completions: list[str], metadata: dict[str, list]) -> list[float]:
+def score(fn: RewardFn, prompts: list, completions: list[str], metadata: dict[str, list]) -> list[float]:
     """Call a reward function and check what it returns: one number per completion. NaN/Inf pass through: they
     make that step's loss non-finite, so its update is skipped and counted (train/skipped_steps)."""
     name = getattr(fn, "__qualname__", repr(fn))

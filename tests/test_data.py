@@ -149,3 +149,62 @@ def test_reward_fn_wrong_count_or_raising_is_reported_by_name():
         score(bad_count_reward, ["a", "b"], ["x", "y"], {})
     with pytest.raises(UserError, match="raising_reward raised KeyError.*prompt='a'"):
         score(raising_reward, ["a"], ["x"], {})
+
+
+def test_rl_prompts_need_no_answer_column_and_reach_nested_columns(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": "sort 2 1 =", "extra_info": {"split": "train"}},
+        {"prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "4"}}])
+    rows = prompt_rows(DataConfig(task=None, train_path=path), "train", 0)
+    assert rows[0] == {"prompt": "sort 2 1 =", "extra_info": {"split": "train"}}  # no answer: none invented
+    d = DataConfig(task=None, train_path=path, answer_key="reward_model.ground_truth")
+    assert prompt_rows(d, "train", 0)[1]["answer"] == "4"
+    with pytest.raises(UserError, match=r"d.jsonl:1: missing field 'reward_model.ground_truth', which SFT"):
+        prompt_rows(d, "train", 0, need_answer=True)
+
+
+def test_conversations_become_prompt_and_answer(tmp_path):
+    conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "\\boxed{4}"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": conv}, {"messages": conv[:2]}])
+    with pytest.raises(UserError, match=r"d.jsonl:2: the conversation in 'messages' needs an assistant turn"):
+        prompt_rows(DataConfig(task=None, train_path=path), "train", 0)
+    write_jsonl(tmp_path / "d.jsonl", [{"messages": conv}])
+    row = prompt_rows(DataConfig(task=None, train_path=path), "train", 0)[0]
+    assert row["prompt"] == conv[:2] and row["answer"] == conv[2:] and row["messages"] == conv
+
+
+def test_malformed_messages_name_the_line(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": [{"role": "user"}]}])
+    with pytest.raises(UserError, match=r"d.jsonl:1: field 'prompt' must be a string or a list of \{role"):
+        prompt_rows(DataConfig(task=None, train_path=path), "train", 0)
+
+
+def test_preference_pairs_as_messages_and_with_an_implicit_prompt(tmp_path):
+    user = [{"role": "user", "content": "q"}]
+    good, bad = [{"role": "assistant", "content": "a"}], [{"role": "assistant", "content": "b"}]
+    path = write_jsonl(tmp_path / "d.jsonl", [{"chosen": user + good, "rejected": user + bad},
+                                              {"prompt": user, "chosen": good, "rejected": "b"}])
+    rows = preference_rows(DataConfig(task=None, train_path=path), "train", 0)
+    assert rows == [{"prompt": user, "chosen": good, "rejected": bad},
+                    {"prompt": user, "chosen": good, "rejected": "b"}]
+    write_jsonl(tmp_path / "d.jsonl", [{"chosen": "a", "rejected": "b"}])
+    with pytest.raises(UserError, match="d.jsonl:1: missing field 'prompt'; set data.prompt_key"):
+        preference_rows(DataConfig(task=None, train_path=path), "train", 0)
+
+
+def test_final_answer_reads_gsm8k_solutions():
+    from rollout.rewards import final_answer
+    assert final_answer("She has 40 + 2 = 42.\n#### 1,042") == "1042"
+    assert final_answer(" 17 ") == "17" and final_answer(42) == "42"
+    assert final_answer([{"role": "assistant", "content": "x = \\boxed{3}"}]) == "x = \\boxed{3}"
+
+
+def test_math_reward_verifies_the_final_answer():
+    from rollout.rewards import math_reward, resolve_reward_fn
+    assert resolve_reward_fn("math", None) is math_reward
+    completions = ["so 12 + 30 = \\boxed{42}", "the answer is 42", "I think 41", "\\boxed{\\frac{1}{2}}", "none"]
+    answers = ["#### 42", "42", "42", "0.5", "1"]
+    assert math_reward([""] * 5, completions, answer=answers) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    with pytest.raises(UserError, match="data.answer_key"):
+        math_reward(["p"], ["1"])

@@ -5,20 +5,18 @@ import torch
 from actors.group import ActorGroup
 from actors.remote import WorkerDied
 from algorithms.sft import sft_loss
-from rlhf.batch import pack_sequences
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
+from rollout.render import PromptRenderer
 from rlhf.tasks import make_rows
 
 LR = 1e-3  # AdamW amplifies reduction-order rounding on near-zero grads: ~1.5e-6 here, ~1.5e-5 at 1e-2
 
 
 def sft_batches(model_dir, steps=3, rows=16):
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    renderer = PromptRenderer.from_pretrained(model_dir)
     data = make_rows(DataConfig(task="sort", num_train=rows * steps), "train", seed=1)
-    return [pack_sequences(*tokenize_sft(tok, data[i * rows:(i + 1) * rows]), tok.pad_token_id)
-            for i in range(steps)]
+    return [tokenize_sft(renderer, data[i * rows:(i + 1) * rows]) for i in range(steps)]
 
 
 def reference_weights(model_dir, batches, grad_clip):

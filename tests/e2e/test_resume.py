@@ -20,7 +20,8 @@ STEPS = 6
 def args(model, out):
     return ["--config", "examples/sort_grpo.yaml", f"model.path={model}", f"output_dir={out}",
             f"trainer.max_steps={STEPS}", "checkpoint.every=2", "checkpoint.keep_last=2", "eval.every=3",
-            "data.num_eval=16", "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32"]
+            "data.num_eval=16", "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32",
+            "logging.rollouts_every=1", "logging.rollouts_per_step=2"]
 
 
 def kill_at_random_moment(cmd_args, out, rng, last_target: int = STEPS - 1) -> int:
@@ -70,6 +71,8 @@ def test_kill_and_resume_matches_uninterrupted_run(sft_model, tmp_path):
     assert ("resumed from" in res.stdout) == (resumable is not None)
 
     assert_same_metrics(ref_out, out, STEPS)
+    # rollouts.jsonl too: dumps after the checkpoint were dropped and redone, each step's samples exactly once
+    assert (out / "rollouts.jsonl").read_text() == (ref_out / "rollouts.jsonl").read_text()
     checkpoints = sorted(os.listdir(out / "checkpoints"))
     assert checkpoints == ["step_000004", "step_000006"]  # keep_last=2, no temp folders left behind
 
@@ -97,3 +100,16 @@ def test_sft_kill_and_resume_matches_uninterrupted_run(tmp_path):
     assert_same_metrics(ref_out, out, SFT_STEPS)
     assert sorted(os.listdir(out / "checkpoints")) == ["step_000025", "step_000030"]
     assert os.path.isfile(out / "checkpoints" / "step_000030" / "model_hf" / "model.safetensors")
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_a_clean_metrics_file(tmp_path):
+    """No checkpoint to resume from: the rerun starts over, so must its metrics.jsonl (it once appended, and held
+    the first steps twice)."""
+    (tmp_path / "metrics.jsonl").write_text("".join(f'{{"step": {i}, "train/loss": 9.0}}\n' for i in range(4)) +
+                                            '{"step": 4, "train/lo')  # the killed run's rows, the last one cut
+    res = run_cli("--config", "examples/sort_sft.yaml", f"output_dir={tmp_path}", "trainer.max_steps=2",
+                  "eval.every=0", "data.num_eval=8", "data.num_train=256", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r.get("train/loss") != 9.0 for r in rows)

@@ -4,11 +4,12 @@ preserve order; shutdown is clean."""
 import pytest
 
 from actors.remote import make_actor, ray_get
-from rlhf.batch import logprob_diff, pack_sequences, samples_to_batch
+from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
 from rlhf.tasks import make_rows
 from rollout.engine import SamplingConfig
+from rollout.render import PromptRenderer
 from rollout.group import RolloutGroup, broadcast_weights, setup_broadcast
 from rollout.weight_sync import plan_buckets
 
@@ -22,7 +23,8 @@ def prompts_and_batches(model_dir, steps=3):
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = make_rows(DataConfig(task="sort", num_train=16 * steps), "train", seed=0)
     prompts = [tok(r["prompt"]).input_ids for r in rows[:8]]
-    batches = [pack_sequences(*tokenize_sft(tok, rows[16 * i:16 * (i + 1)]), tok.pad_token_id) for i in range(steps)]
+    renderer = PromptRenderer(tok)
+    batches = [tokenize_sft(renderer, rows[16 * i:16 * (i + 1)]) for i in range(steps)]
     return tok, prompts, batches
 
 
