@@ -18,3 +18,29 @@ def test_there_are_examples():
 def test_example_loads_and_validates(path):
     cfg = load_config(path)
     assert cfg.output_dir
+
+
+def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):
+    """The GPU GSM8K recipe on parquet files in verl's shape and in the original one (question, "... #### 72")."""
+    import datasets
+
+    from rlhf.data import prompt_rows
+    from rollout.rewards import resolve_reward_fn, score
+
+    q = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell altogether?"
+    verl = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": q}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "72"}, "extra_info": {"split": "train", "index": 0}}
+    datasets.Dataset.from_list([verl]).to_parquet(str(tmp_path / "verl.parquet"))
+    datasets.Dataset.from_list([{"question": q, "answer": "48 / 2 = 24 in May.\n48 + 24 = 72\n#### 72"}]).to_parquet(
+        str(tmp_path / "orig.parquet"))
+    recipe = os.path.join(ROOT, "examples", "gpu", "qwen2.5-0.5b-instruct_gsm8k_grpo.yaml")
+    shapes = [[f"data.train_path={tmp_path / 'verl.parquet'}"],
+              [f"data.train_path={tmp_path / 'orig.parquet'}", "data.prompt_key=question", "data.answer_key=answer",
+               "data.apply_chat_template=true"]]
+    for overrides in shapes:
+        cfg = load_config(recipe, overrides)
+        rows = prompt_rows(cfg.data, "train", cfg.seed)
+        fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+        meta = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+        assert score(fn, [rows[0]["prompt"]] * 2, ["So \\boxed{72}.", "It is 70."],
+                     {k: v * 2 for k, v in meta.items()}) == [1.0, 0.0]
