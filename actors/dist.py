@@ -47,6 +47,11 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     os.makedirs(os.environ["TORCH_EXTENSIONS_DIR"], exist_ok=True)
     clear_stale_locks(os.environ["TORCH_EXTENSIONS_DIR"])
+    if world_size > 1 and torch.cuda.is_available() and torch.cuda.device_count() != 1:
+        # LOCAL_RANK 0 on every rank would put them all on one GPU, which NCCL rejects ("Duplicate GPU detected").
+        raise RuntimeError(f"trainer rank {rank} of {world_size} sees {torch.cuda.device_count()} GPUs; each rank must "
+                           "see exactly its own (Ray sets CUDA_VISIBLE_DEVICES for actors that request a GPU: set "
+                           "placement.num_gpus)")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank) if not torch.cuda.is_available() else "0",
                       WORLD_SIZE=str(world_size), MASTER_ADDR=master_addr,
                       # Never an inherited MASTER_PORT: a parent that trained in-process exports its own port,

@@ -9,11 +9,14 @@ class WorkerDied(RuntimeError):
 
 
 def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
-    """Start `cls(*args, **kwargs)` as a Ray actor. Thread env is pinned: one torch thread per actor."""
+    """Start `cls(*args, **kwargs)` as a Ray actor. Thread env is pinned: one torch thread per actor. An actor that
+    asks for no GPU sees none (a CPU-only run on a GPU host stays on the CPU)."""
     import ray
 
     opts = {"num_cpus": 0.5, "max_concurrency": 1, **(options or {})}
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **opts.pop("env_vars", {})}
+    if not opts.get("num_gpus"):  # Ray leaves CUDA_VISIBLE_DEVICES alone for zero-GPU actors: they would see all
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
     opts["runtime_env"] = {**opts.get("runtime_env", {}), "env_vars": env}
     return ray.remote(cls).options(name=None, **opts).remote(*args, **kwargs)
 

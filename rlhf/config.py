@@ -27,6 +27,9 @@ LORA_SYNC = ("adapter", "merged")
 SYNC_CHANNELS = ("auto", "broadcast", "ipc")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
+# Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
+# prefix cache shows up as 1e-1 and more.
+LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's attention kernels support
 
 
@@ -140,13 +143,14 @@ class RolloutConfig:
     max_model_len: int = 256
     kv_cache_mb: int = 64  # CPU KV cache size per engine
     gpu_memory_utilization: float = 0.5
-    multiprocess: bool = False  # vLLM's multiprocess engine: faster decode, 20-40 s longer start on CPU
+    multiprocess: Optional[bool] = None  # vLLM's multiprocess engine core; null = on GPUs only (slow start on CPU)
     sync_bucket_mb: int = 64
     # auto: ipc where every engine can map its trainer rank's memory (same host; on GPUs, the same GPU), else
     # broadcast | broadcast: torch.distributed from trainer rank 0 | ipc: shared memory / CUDA IPC
     sync_channel: str = "auto"
     lora_sync: str = "adapter"  # with LoRA and vLLM: adapter (send only the adapter) | merged (full merged weights)
-    logprob_diff_warn: float = 1e-3  # warn when mean |rollout - trainer log-prob| exceeds this
+    # warn when mean |rollout - trainer log-prob| exceeds this; null = by model.dtype (LOGPROB_DIFF_WARN)
+    logprob_diff_warn: Optional[float] = None
     # one-step off-policy: the engines generate step t+1's rollout while step t trains (needs algorithm.tis_cap;
     # not with dynamic sampling, nor colocated on GPUs); rollout/logprob_diff then includes one update's change
     overlap: bool = False
@@ -211,6 +215,12 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> RunConfig:
         where = f" in {path}" if path else ""
         raise UserError(f"{len(problems)} problem(s) in the config{where}:\n  " + "\n  ".join(problems))
     return cfg
+
+
+def logprob_diff_warn(cfg: RunConfig) -> float:
+    """`rollout.logprob_diff_warn`, or the default for `model.dtype`."""
+    r = cfg.rollout.logprob_diff_warn
+    return r if r is not None else LOGPROB_DIFF_WARN[cfg.model.dtype]
 
 
 def to_yaml(cfg: RunConfig) -> str:
@@ -328,6 +338,14 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
                                                                             cfg.trainer.world_size):
         bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
             "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
+    full_sync = not (cfg.model.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter")
+    gpu_colocated = pl.num_gpus > 0 and pl.mode == "colocate"
+    if full_sync and gpu_colocated and (r.sync_channel == "broadcast" or (
+            r.sync_channel == "auto" and not cuda_ipc_reaches(pl.mode, r.num_engines, cfg.trainer.world_size))):
+        bad("rollout.sync_channel", r.sync_channel, "would broadcast over NCCL, which refuses two ranks on one GPU "
+            "(colocated, engine 0 shares GPU 0 with trainer rank 0): use sync_channel=auto/ipc with "
+            f"rollout.num_engines <= trainer.world_size = {cfg.trainer.world_size} (CUDA IPC), or "
+            "placement.mode=split")
     if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
         bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
             "rollout.lora_sync=merged")
@@ -338,6 +356,8 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         positive(key, value)
     if a.kl_coef < 0:
         bad("algorithm.kl_coef", a.kl_coef, "must be >= 0 (0 disables the KL penalty and the reference model)")
+    if r.logprob_diff_warn is not None and r.logprob_diff_warn <= 0:
+        bad("rollout.logprob_diff_warn", r.logprob_diff_warn, "must be > 0, or null for the dtype's default")
     if a.dual_clip is not None and a.dual_clip <= 1:
         bad("algorithm.dual_clip", a.dual_clip, "must be > 1 (e.g. 3.0), or null to disable")
     if a.tis_cap is not None and a.tis_cap <= 0:

@@ -16,12 +16,13 @@ from algorithms import advantages as adv
 from algorithms.common import masked_mean, masked_whiten
 from algorithms.kl import kl_estimate
 from rlhf.batch import logprob_diff, samples_to_batch
-from rlhf.config import RunConfig, to_yaml
+from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import evaluate
 from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
 from rlhf import checkpoint
 from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
+from rlhf.placement import multiprocess_engine
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score
@@ -47,6 +48,7 @@ class RLController:
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
         self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.renderer = make_renderer(cfg, self.model_path)
+        self.warn_at = logprob_diff_warn(cfg)
         self.last_checkpoint = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
         self.guard = BadStepGuard(cfg.trainer.max_bad_steps)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
@@ -68,7 +70,7 @@ class RLController:
         from actors.group import ActorGroup
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
-        from actors.remote import make_actor
+        from actors.remote import make_actor, ray_get
         from actors.reward_model import RewardModel
         from rlhf.placement import Placement, sync_channel
         from rollout.group import RolloutGroup, setup_sync
@@ -102,12 +104,21 @@ class RLController:
         if r.engine == "vllm":
             from rollout.vllm_engine import VLLMEngine as engine_cls
             engine_kwargs = dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
-                                 multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
+                                 multiprocess=multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
+                                 gpu_memory_utilization=r.gpu_memory_utilization,
                                  enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate",
-                                 max_lora_rank=m.lora.rank if adapter_sync else 0)
+                                 max_lora_rank=m.lora.rank if adapter_sync else 0,
+                                 # a full sync rewrites every weight: nothing to keep while asleep (level 2)
+                                 sleep_level=1 if adapter_sync else 2)
         else:
             from rollout.hf_engine import HFEngine as engine_cls
             engine_kwargs = {}
+        # vLLM counts what the GPU allocates during its start-up profiling as its own: every other model must be
+        # loaded first, or a reference model loading meanwhile shrinks the KV cache (groups wait already).
+        singles = [(x, role) for x, role in ((self.reward_model, "reward model"), (self.reference, "reference model"))
+                   if x is not None]
+        if singles:
+            ray_get([x.__ray_ready__.remote() for x, _ in singles], 1800.0, [role for _, role in singles])
         engines_start = time.perf_counter()
         self.startup = {"time/start_trainers": engines_start - start}  # logged with step 0
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
@@ -175,14 +186,15 @@ class RLController:
                     if group is not None:
                         group.offload()
         rounds = self.MAX_FILL_ROUNDS if self.cfg.algorithm.dynamic_sampling else 1
+        overlap = self.cfg.rollout.overlap
+        if not overlap:  # GPU colocation: the engines sleep while others run; awake for every round of this step
+            self.rollout.call("wake_up")
         for attempt in range(rounds):
             with t("rollout"):
-                if self.cfg.rollout.overlap:
+                if overlap:
                     rows, samples, metrics = self._overlapped(step)
                 else:
-                    self.rollout.call("wake_up", ["kv_cache"])  # GPU colocation: engines sleep while others run
                     rows, samples = self._generate(step, attempt)
-                    self.rollout.call("sleep")
             batch = samples_to_batch(samples, self.renderer.pad_id)
             with t("reward"):
                 rewards, scored = self._score(rows, samples, batch)
@@ -190,16 +202,23 @@ class RLController:
             if attempt == 0:
                 self.dumps.write(step, rows, samples, rewards, self.renderer)
             if rounds == 1:
+                self._sleep_engines()
                 return samples, batch, rewards, metrics
             for g, group in enumerate(rewards.view(-1, n)):
                 (kept if (group != group[0]).any() else spare).append((samples[g * n:(g + 1) * n], group))
             if len(kept) >= want:
                 break
+        self._sleep_engines()
         chosen = (kept + spare)[:want]
         samples = [replace(s, prompt_index=i) for i, (group, _) in enumerate(chosen) for s in group]
         metrics.update({"rollout/kept_group_frac": min(len(kept), want) / want, "rollout/fill_rounds": attempt + 1})
         return samples, samples_to_batch(samples, self.renderer.pad_id), torch.cat([r for _, r in chosen]), \
             metrics
+
+    def _sleep_engines(self) -> None:
+        """Once a step's rollout rounds are done (never under overlap: a generation is still in flight)."""
+        if not self.cfg.rollout.overlap:
+            self.rollout.call("sleep")
 
     def _generate(self, step: int, attempt: int = 0):
         rows, submitted = self._submit(step, attempt)
@@ -267,9 +286,9 @@ class RLController:
 
     def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
         diff = logprob_diff(batch["old_logprobs"], batch)
-        if diff > self.cfg.rollout.logprob_diff_warn and not self.cfg.rollout.overlap:  # else it holds an update
+        if diff > self.warn_at and not self.cfg.rollout.overlap:  # else it holds an update
             self.logger.console(f"warning: rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = "
-                                f"{self.cfg.rollout.logprob_diff_warn:g}: the engines' weights or numerics differ "
+                                f"{self.warn_at:g}: the engines' weights or numerics differ "
                                 "from the trainer's (a missed sync or a stale prefix cache shows up here)")
         lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
         kl = {}

@@ -85,3 +85,9 @@ def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, wor
 def cuda_ipc_reaches(mode: str, num_engines: int, world_size: int) -> bool:
     """Engine i shares its GPU with trainer rank i, which feeds it (rollout.ipc_sync.feeding_rank)."""
     return mode == "colocate" and num_engines <= world_size
+
+
+def multiprocess_engine(requested, num_gpus: int) -> bool:
+    """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
+    model, not in its way) and the in-process one on CPU (a 20-40 s longer start there, for a tiny model)."""
+    return requested if requested is not None else num_gpus > 0

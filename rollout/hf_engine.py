@@ -78,11 +78,15 @@ class HFEngine:
                                   "stop" if stop else "length"))
         return samples
 
-    def update_weights(self, named_tensors) -> None:
+    def update_weights(self, named_tensors) -> int:
+        """Copy each (name, tensor) into the model as it arrives (an iterator is never held whole). Returns #tensors."""
+        count = 0
         with torch.no_grad():
             params = dict(self.model.named_parameters(remove_duplicate=False))
             for name, tensor in named_tensors:
                 params[name].copy_(tensor)
+                count += 1
+        return count
 
     def init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
         from rollout.weight_sync import SyncGroup
@@ -90,18 +94,14 @@ class HFEngine:
 
     def receive_broadcast(self, plan) -> int:
         from rollout.weight_sync import receive_weights
-        named = list(receive_weights(self._sync_group, plan))
-        self.update_weights(named)
-        return len(named)
+        return self.update_weights(receive_weights(self._sync_group, plan))
 
     def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
         from rollout.ipc_sync import IpcReceiver, connect_store
         self._ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
 
     def receive_ipc(self, plan) -> int:
-        named = list(self._ipc.receive(plan))
-        self.update_weights(named)
-        return len(named)
+        return self.update_weights(self._ipc.receive(plan))
 
     def sleep(self) -> None:
         pass

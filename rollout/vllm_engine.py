@@ -12,6 +12,7 @@ import torch
 from actors.dist import cache_root
 from rollout.engine import Sample, SamplingConfig
 from rollout.render import render_prompts
+from rollout.sleep import SleepState
 from rollout.vllm_ext import plan_to_plain
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -20,7 +21,10 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank va
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
-                 enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0):
+                 enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
+                 sleep_level: int = 2):
+        """`sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
+        the host) when only a LoRA adapter is synced and the base weights must come back."""
         # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
         root = cache_root()
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
@@ -38,10 +42,12 @@ class VLLMEngine:
             kwargs.update(enable_lora=True, max_loras=1,
                           max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
         self.lora_request, self.lora_dir = None, os.path.join(root, "lora", str(os.getpid()))
-        self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed, enforce_eager=True,
-                       enable_prefix_caching=True, trust_remote_code=trust_remote_code,
+        # CUDA graphs on a GPU (decode is launch-bound without them; the in-place reload keeps their buffers);
+        # eager on CPU, which has none.
+        self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                       enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
-        self.sleeping = False
+        self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
@@ -49,6 +55,7 @@ class VLLMEngine:
         Sample then holds the ids it used)."""
         from vllm import SamplingParams
 
+        self.sleep_state.check_can_generate()
         prompts, stops = render_prompts(self, prompts, sampling)
         # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -73,7 +80,7 @@ class VLLMEngine:
     def receive_broadcast(self, plan) -> int:
         """Broadcast channel: pull every bucket from trainer rank 0, then drop the prefix cache."""
         n = self.llm.collective_rpc("rlhf_receive_broadcast", args=(plan_to_plain(plan),))[0]
-        self.llm.reset_prefix_cache()
+        self._reloaded()
         return n
 
     def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
@@ -83,7 +90,7 @@ class VLLMEngine:
         """`ipc` channel: read every bucket from the feeding trainer rank's shared memory, then drop the prefix
         cache."""
         n = self.llm.collective_rpc("rlhf_receive_ipc", args=(plan_to_plain(plan),))[0]
-        self.llm.reset_prefix_cache()
+        self._reloaded()
         return n
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -93,7 +100,12 @@ class VLLMEngine:
             from safetensors.torch import save as save_bytes
             named = save_bytes({k: v.contiguous() for k, v in named})
         self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
+        self._reloaded()
+
+    def _reloaded(self) -> None:
+        """After a full-weight reload: cached KV of the old weights must go; weights discarded by sleep are real."""
         self.llm.reset_prefix_cache()
+        self.sleep_state.loaded_weights()
 
     def load_adapter(self, files: dict[str, bytes]) -> None:
         """Adapter channel: `files` is a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) as bytes.
@@ -114,16 +126,17 @@ class VLLMEngine:
         self.lora_request = LoRARequest(f"policy-v{version}", version, path)
         self.llm.reset_prefix_cache()
 
-    # ---- memory (GPU only; vLLM on CPU has no sleep mode) ----
+    # ---- memory (GPU colocation only; vLLM on CPU has no sleep mode) ----
     def sleep(self) -> None:
-        if self.on_gpu and not self.sleeping:
-            self.llm.sleep(level=1)
-            self.sleeping = True
+        level = self.sleep_state.sleep()
+        if level is not None:
+            self.llm.sleep(level=level)
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
-        if self.on_gpu and self.sleeping:
-            self.llm.wake_up(tags=tags)
-            self.sleeping = tags is not None and "kv_cache" not in tags
+        """Wake what is asleep of `tags` (None = all); what is resident already is left alone."""
+        asleep = self.sleep_state.wake(tags)
+        if asleep is not None:
+            self.llm.wake_up(tags=asleep)
 
     def process_ids(self) -> list[int]:
         """This process and its children (the engine core, in multiprocess mode): for leak checks."""

@@ -22,25 +22,33 @@ class WeightSyncExtension:
         self._rlhf_sync_group = SyncGroup(host, port, rank, world_size)
 
     def rlhf_receive_broadcast(self, plain_plan: list) -> int:
-        """Receive every bucket of the plan from trainer rank 0 and reload them in one pass. Returns #tensors."""
-        named = list(receive_weights(self._rlhf_sync_group, plan_from_plain(plain_plan)))
-        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
-        return len(named)
+        """Receive every bucket of the plan from trainer rank 0, streamed into the reload. Returns #tensors."""
+        return self._rlhf_reload(receive_weights(self._rlhf_sync_group, plan_from_plain(plain_plan)))
 
     def rlhf_init_ipc(self, host: str, port: int, src: int, engine: int, handles: list) -> None:
         from rollout.ipc_sync import IpcReceiver, connect_store
         self._rlhf_ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
 
     def rlhf_receive_ipc(self, plain_plan: list) -> int:
-        """`ipc` channel: copy every bucket out of the trainer's shared buffers, reload them in one pass."""
-        named = list(self._rlhf_ipc.receive(plan_from_plain(plain_plan)))
-        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
-        return len(named)
+        """`ipc` channel: copy every bucket out of the trainer's shared buffers, streamed into the reload."""
+        return self._rlhf_reload(self._rlhf_ipc.receive(plan_from_plain(plain_plan)))
 
     def rlhf_load_tensors(self, named) -> int:
         """In-process channel: `named` is a list of (name, tensor), or safetensors bytes across processes."""
         if isinstance(named, (bytes, bytearray)):
             from safetensors.torch import load as load_bytes
             named = list(load_bytes(bytes(named)).items())
-        self.model_runner.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
-        return len(named)
+        return self._rlhf_reload(iter(named))
+
+    def _rlhf_reload(self, named) -> int:
+        """vLLM's in-place reload, fed tensor by tensor: received buckets are consumed as they arrive, never held
+        all at once (a whole extra model copy per engine at every sync). Returns the number of tensors."""
+        count = [0]
+
+        def counted():
+            for item in named:
+                count[0] += 1
+                yield item
+
+        self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        return count[0]

@@ -121,3 +121,33 @@ def test_cli_print_config_resolves_overrides():
     res = run_cli("--config", "examples/sort_sft.yaml", "trainer.lr=0.125", "--print-config", timeout=120)
     assert res.returncode == 0, res.stderr
     assert "lr: 0.125" in res.stdout and "stage: sft" in res.stdout
+
+
+def test_logprob_diff_warning_follows_the_dtype_unless_set():
+    from rlhf.config import logprob_diff_warn
+    assert logprob_diff_warn(load_config(None, ["stage=rl"])) == 1e-3
+    assert logprob_diff_warn(load_config(None, ["stage=rl", "model.dtype=bfloat16"])) == 5e-2
+    assert logprob_diff_warn(load_config(None, ["stage=rl", "model.dtype=bfloat16",
+                                                "rollout.logprob_diff_warn=0.2"])) == 0.2
+
+
+def test_multiprocess_engine_core_by_default_on_gpus_only():
+    from rlhf.placement import multiprocess_engine
+    assert multiprocess_engine(None, 0) is False and multiprocess_engine(None, 8) is True
+    assert multiprocess_engine(True, 0) is True and multiprocess_engine(False, 8) is False
+
+
+@pytest.mark.parametrize("overrides, ok", [
+    (["rollout.num_engines=2", "trainer.world_size=2"], True),  # auto -> CUDA IPC, engine i on rank i's GPU
+    (["rollout.num_engines=2", "trainer.world_size=1"], False),  # auto would broadcast with two ranks on GPU 0
+    (["rollout.sync_channel=broadcast"], False),
+    (["rollout.sync_channel=broadcast", "placement.mode=split", "placement.num_gpus=2"], True),
+    (["rollout.sync_channel=broadcast", "model.lora.rank=8"], True),  # adapter sync: no NCCL broadcast at all
+])
+def test_gpu_colocation_never_broadcasts_between_ranks_on_one_gpu(overrides, ok):
+    args = ["stage=rl", "placement.num_gpus=2", "placement.mode=colocate", *overrides]
+    if ok:
+        assert validate(load_config(None, args)) == []
+    else:
+        with pytest.raises(UserError, match="refuses two ranks on one GPU"):
+            load_config(None, args)

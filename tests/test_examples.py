@@ -44,3 +44,17 @@ def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):
         meta = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
         assert score(fn, [rows[0]["prompt"]] * 2, ["So \\boxed{72}.", "It is 70."],
                      {k: v * 2 for k, v in meta.items()}) == [1.0, 0.0]
+
+
+def test_chat_math_data_is_what_its_script_writes(tmp_path):
+    """The shipped data files are reproducible: the script rewrites them byte for byte."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_chat_math", os.path.join(ROOT, "examples", "data",
+                                                                                   "make_chat_math.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(str(tmp_path))
+    for name in ("chat_math_sft.jsonl", "chat_math_rl.jsonl", "chat_math_eval.jsonl"):
+        with open(os.path.join(ROOT, "examples", "data", name), "rb") as f:
+            assert (tmp_path / name).read_bytes() == f.read(), name

@@ -40,9 +40,9 @@ def test_sync_channel_follows_the_placement(requested, mode, gpus, engines, rank
 
 
 class Where:
-    def gpu(self) -> str:
+    def gpu(self):
         import os
-        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return os.environ.get("CUDA_VISIBLE_DEVICES")  # None when unset
 
 
 def gpus_by_role(placement, roles):
@@ -64,6 +64,9 @@ def test_logical_gpu_placement(ray_local):
     placed = gpus_by_role(split, {"policy": 1, "rollout": 1})
     assert placed["policy"] != placed["rollout"]
     split.remove()
+
+    # An actor that asks for no GPU sees none (Ray would leave it every GPU of the host).
+    assert gpus_by_role(Placement("colocate", 0, {"reference": 1}), {"reference": 1})["reference"] == [""]
 
     with pytest.raises(UserError, match="could not be reserved within 2 s; the cluster has 2 GPUs"):
         Placement("split", 4, {"policy": 2, "rollout": 2}, timeout_s=2)
