@@ -6,6 +6,7 @@ runs here on the driver (algorithms/).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import replace
@@ -18,6 +19,7 @@ from algorithms.kl import kl_estimate
 from rlhf.batch import logprob_diff, samples_to_batch
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
+from rlhf.errors import TrainingStopped
 from rlhf.evaluate import evaluate
 from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
 from rlhf import checkpoint
@@ -195,6 +197,8 @@ class RLController:
                     rows, samples, metrics = self._overlapped(step)
                 else:
                     rows, samples = self._generate(step, attempt)
+            if rounds == 1:  # free the GPU for the reward and reference models; with several rounds, see below
+                self._sleep_engines()
             batch = samples_to_batch(samples, self.renderer.pad_id)
             with t("reward"):
                 rewards, scored = self._score(rows, samples, batch)
@@ -202,12 +206,12 @@ class RLController:
             if attempt == 0:
                 self.dumps.write(step, rows, samples, rewards, self.renderer)
             if rounds == 1:
-                self._sleep_engines()
                 return samples, batch, rewards, metrics
             for g, group in enumerate(rewards.view(-1, n)):
                 (kept if (group != group[0]).any() else spare).append((samples[g * n:(g + 1) * n], group))
             if len(kept) >= want:
                 break
+        # Not between rounds: a level-2 sleep discards the weights, and only a sync brings them back.
         self._sleep_engines()
         chosen = (kept + spare)[:want]
         samples = [replace(s, prompt_index=i) for i, (group, _) in enumerate(chosen) for s in group]
@@ -351,21 +355,39 @@ class RLController:
         return state["step"]
 
     def close(self) -> None:
+        """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
+        raises again, and that must neither mask the first error nor leave the other parts running."""
         import ray
-        self.logger.close()
-        self.rollout.shutdown()
-        self.policy.kill()
+        parts = [("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
+                 ("policy trainers", self.policy.kill)]
         if self.critic is not None:
-            self.critic.kill()
-        for actor in (self.reference, self.reward_model):
-            if actor is not None:
-                ray.kill(actor)
-        self.placement.remove()
+            parts.append(("critic", self.critic.kill))
+        parts += [(role, lambda a=actor: ray.kill(a)) for role, actor in
+                  (("reference model", self.reference), ("reward model", self.reward_model)) if actor is not None]
+        for role, stop in parts + [("placement group", self.placement.remove)]:
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - a dead actor raises Ray's errors; report and go on
+                print(f"note: {role} did not shut down cleanly ({type(e).__name__})", file=sys.stderr)
 
 
 def run_rl(cfg: RunConfig) -> dict[str, float]:
+    from actors.remote import WorkerDied
+
     controller = RLController(cfg)
     try:
         return controller.fit()
+    except WorkerDied as e:
+        raise TrainingStopped(worker_died(e, controller.last_checkpoint)) from None
     finally:
         controller.close()
+
+
+def worker_died(error: Exception, last_checkpoint) -> str:
+    """One paragraph for a worker that died mid-run: which one, the likely cause, and how to go on."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = f"The last checkpoint, {last_checkpoint}, is intact" if last_checkpoint else \
+        "No checkpoint was written yet"
+    return (f"{first.rstrip(':. ')}. A Ray worker process ended while the run needed it: most often it ran out of "
+            f"memory (see `dmesg` or the Ray logs), or it was killed. {where}; rerun the same command to resume "
+            "from it.")

@@ -26,3 +26,41 @@ def test_consecutive_nan_steps_stop_the_run_and_keep_the_checkpoint(sft_model, t
     assert last is not None and last.endswith("step_000001") and "step_000001" in res.stderr
     saved, start = load_file(f"{last}/policy_hf/model.safetensors"), load_file(f"{sft_model}/model.safetensors")
     assert saved.keys() == start.keys() and all((saved[k] == start[k]).all() for k in start)
+
+
+@pytest.mark.slow
+def test_a_killed_engine_ends_the_run_with_one_paragraph(sft_model, tmp_path):
+    """`kill -9` of the vLLM engine's process mid-run: exit code 3 and one paragraph naming the worker, the last
+    checkpoint and how to resume; no traceback (shutting down the dead engine used to raise again in close())."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={sft_model}",
+         f"output_dir={tmp_path}", "trainer.max_steps=30", "checkpoint.every=1", "eval.every=0", "data.num_eval=16",
+         "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and checkpoint.latest(str(tmp_path)) is None:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                   if "VLLMEngine" in " ".join(p.cmdline())]
+        assert len(engines) == 1, [p.cmdline() for p in engines]
+        engines[0].send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, err[-3000:]
+    assert "rollout engine 0 died" in err and "rerun the same command to resume" in err, err[-3000:]
+    assert "checkpoints/step_" in err and "Traceback" not in err, err[-3000:]
