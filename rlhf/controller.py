@@ -27,7 +27,7 @@ from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
 from rlhf.placement import multiprocess_engine
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
-from rollout.rewards import resolve_reward_fn, score
+from rollout.rewards import resolve_reward_fn, score_rows
 
 
 class PhaseTimer:
@@ -256,10 +256,8 @@ class RLController:
     def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Rewards from the reward model when configured (the task's own reward is then only logged), else from
         the reward function."""
-        prompts = [rows[s.prompt_index]["prompt"] for s in samples]
         completions = [self.renderer.decode(s.completion_ids) for s in samples]
-        metadata = {k: [rows[s.prompt_index].get(k) for s in samples] for k in rows[0] if k != "prompt"}
-        task = torch.tensor(score(self.reward_fn, prompts, completions, metadata))
+        task = torch.tensor(score_rows(self.reward_fn, [rows[s.prompt_index] for s in samples], completions))
         if self.reward_model is None:
             return task, {}
         rm = {k: batch[k] for k in ("input_ids", "attention_mask")}

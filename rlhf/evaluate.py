@@ -9,7 +9,7 @@ from algorithms.evaluation import pass_at_k, pass_at_k_levels
 from rlhf.config import EvalConfig
 from rollout.engine import SamplingConfig
 from rollout.render import PromptRenderer
-from rollout.rewards import RewardFn, final_answer, score
+from rollout.rewards import RewardFn, final_answer, score_rows
 
 
 def evaluate(engine, renderer: PromptRenderer, rows: list[dict], reward_fn: RewardFn, cfg: EvalConfig,
@@ -38,6 +38,4 @@ def evaluate(engine, renderer: PromptRenderer, rows: list[dict], reward_fn: Rewa
 def _score(samples, renderer: PromptRenderer, rows: list[dict], reward_fn: RewardFn, n: int):
     """Rewards of `n` samples per row, in row order (prompts as the dataset holds them, metadata columns aligned)."""
     completions = [renderer.decode(s.completion_ids) for s in samples]
-    expanded = [r for r in rows for _ in range(n)]
-    metadata = {k: [r.get(k) for r in expanded] for k in rows[0] if k != "prompt"}
-    return score(reward_fn, [r["prompt"] for r in expanded], completions, metadata), completions
+    return score_rows(reward_fn, [r for r in rows for _ in range(n)], completions), completions

@@ -92,12 +92,10 @@ class PromptRenderer:
         if not self.uses_template(prompt) and isinstance(answer, str):
             return self.tokenizer(answer, add_special_tokens=False).input_ids + [self.eos_id]
         messages = self._as_messages(prompt)
+        # conversation_ids checks that the prompt's generation rendering (prompt_ids) is a prefix of this one, so
+        # the masked tokens are exactly what the model generates after it.
         ids, mask = self.conversation_ids(messages + _assistant(answer), first_target=len(messages))
-        start = len(self.prompt_ids(prompt))
-        if ids[:start] != self.prompt_ids(prompt):
-            raise RenderError("the chat template renders the prompt differently once an answer follows, so the "
-                              "trainer would not see the ids the engine generated from")
-        return [t for t, m in zip(ids[start:], mask[start:]) if m]
+        return [t for t, m in zip(ids, mask) if m]
 
     def conversation_ids(self, messages: Messages, first_target: int = 0) -> tuple[list[int], list[bool]]:
         """A whole conversation's ids, and a mask that is true on the tokens of its assistant turns (from message

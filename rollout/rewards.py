@@ -133,3 +133,10 @@ def score(fn: RewardFn, prompts: list, completions: list[str], metadata: dict[st
         return [float(r) for r in rewards]
     except (TypeError, ValueError) as e:
         raise UserError(f"reward function {name} returned a non-number: {e}") from None
+
+
+def score_rows(fn: RewardFn, rows: list[dict], completions: list[str]) -> list[float]:
+    """`score` for completions of dataset rows (`rows[i]` is completion i's row): each prompt as the dataset holds
+    it, every other column as metadata aligned with the completions."""
+    metadata = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    return score(fn, [r["prompt"] for r in rows], completions, metadata)

@@ -25,7 +25,7 @@ def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):
     import datasets
 
     from rlhf.data import prompt_rows
-    from rollout.rewards import resolve_reward_fn, score
+    from rollout.rewards import resolve_reward_fn, score_rows
 
     q = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell altogether?"
     verl = {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": q}], "ability": "math",
@@ -41,9 +41,7 @@ def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):
         cfg = load_config(recipe, overrides)
         rows = prompt_rows(cfg.data, "train", cfg.seed)
         fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
-        meta = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
-        assert score(fn, [rows[0]["prompt"]] * 2, ["So \\boxed{72}.", "It is 70."],
-                     {k: v * 2 for k, v in meta.items()}) == [1.0, 0.0]
+        assert score_rows(fn, [rows[0]] * 2, ["So \\boxed{72}.", "It is 70."]) == [1.0, 0.0]
 
 
 def test_chat_math_data_is_what_its_script_writes(tmp_path):
