@@ -5,7 +5,12 @@ from typing import Any, Sequence
 
 
 class WorkerDied(RuntimeError):
-    pass
+    """A worker did not answer: `role` names it; `died` is True when its process is gone (Ray restarts an actor made
+    with `max_restarts`), False when it raised or timed out."""
+
+    def __init__(self, message: str, role: str = "", died: bool = False):
+        super().__init__(message)
+        self.role, self.died = role, died
 
 
 def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
@@ -35,13 +40,13 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str]) -> list
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise WorkerDied(f"{', '.join(role_of[r] for r in pending)} did not answer within {timeout_s:.0f} s "
-                             "(a collective that reached only some ranks hangs like this)")
+                             "(a collective that reached only some ranks hangs like this)", role_of[pending[0]])
         try:
             ray.get(ready[0])
         except RayActorError as e:
-            raise WorkerDied(f"{role_of[ready[0]]} died: {e}") from None
+            raise WorkerDied(f"{role_of[ready[0]]} died: {e}", role_of[ready[0]], died=True) from None
         except RayTaskError as e:
-            raise WorkerDied(f"{role_of[ready[0]]} failed: {e}") from None
+            raise WorkerDied(f"{role_of[ready[0]]} failed: {e}", role_of[ready[0]]) from None
     return ray.get(list(refs))
 
 

@@ -154,6 +154,9 @@ class RolloutConfig:
     # one-step off-policy: the engines generate step t+1's rollout while step t trains (needs algorithm.tis_cap;
     # not with dynamic sampling, nor colocated on GPUs); rollout/logprob_diff then includes one update's change
     overlap: bool = False
+    # an engine whose process dies (OOM, preemption) is restarted up to this many times: the current weights are
+    # pushed into it and its share of the generation is redone (rollout/engine_restarts); 0 = a death ends the run
+    max_engine_restarts: int = 3
 
 
 @dataclass
@@ -354,6 +357,8 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
                        ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.sync_bucket_mb", r.sync_bucket_mb)):
         positive(key, value)
+    if r.max_engine_restarts < 0:
+        bad("rollout.max_engine_restarts", r.max_engine_restarts, "must be >= 0 (0: a dead engine ends the run)")
     if a.kl_coef < 0:
         bad("algorithm.kl_coef", a.kl_coef, "must be >= 0 (0 disables the KL penalty and the reference model)")
     if r.logprob_diff_warn is not None and r.logprob_diff_warn <= 0:

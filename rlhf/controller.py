@@ -75,7 +75,7 @@ class RLController:
         from actors.remote import make_actor, ray_get
         from actors.reward_model import RewardModel
         from rlhf.placement import Placement, sync_channel
-        from rollout.group import RolloutGroup, setup_sync
+        from rollout.group import RolloutGroup
         from rollout.weight_sync import plan_buckets
 
         cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
@@ -124,15 +124,30 @@ class RLController:
         engines_start = time.perf_counter()
         self.startup = {"time/start_trainers": engines_start - start}  # logged with step 0
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
-                                           self.placement.options["rollout"], engine_cls)
+                                           self.placement.options["rollout"], engine_cls,
+                                           max_restarts=r.max_engine_restarts)
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
-        self.channel = "adapter"
-        if not adapter_sync:
-            channel = sync_channel(r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines,
-                                   cfg.trainer.world_size)
-            self.channel = setup_sync(channel, self.policy.actors, self.rollout, self.plan, r.sync_channel == "ipc")
+        self.channel = "adapter" if adapter_sync else sync_channel(
+            r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines, cfg.trainer.world_size)
+        self._setup_sync()
         print(f"weight sync: {self.channel}", flush=True)
         self.startup["time/start_engines"] = time.perf_counter() - engines_start
+        if r.max_engine_restarts > 0:
+            self.rollout.on_restart = self._engine_restarted
+
+    def _setup_sync(self) -> None:
+        """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
+        from rollout.group import setup_sync
+        if self.channel != "adapter":
+            self.channel = setup_sync(self.channel, self.policy.actors, self.rollout, self.plan,
+                                      self.cfg.rollout.sync_channel == "ipc")
+
+    def _engine_restarted(self, engine: int) -> None:
+        """Ray restarted a dead engine with the weights it started with: bring it to the trainer's."""
+        self.logger.console(f"rollout engine {engine} died and Ray restarted it ({self.rollout.restarts} restart(s) "
+                            "so far); pushing the current weights into it and redoing its share of the work")
+        self._setup_sync()
+        self._sync_weights()
 
     @staticmethod
     def _get(ref, role: str, timeout_s: float = 1800.0):
@@ -299,7 +314,8 @@ class RLController:
                                                        self.cfg.algorithm.kl_estimator), batch["loss_mask"]).item()
         return {**kl, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
                 "rollout/response_len": lengths.mean().item(), "rollout/logprob_diff": diff,
-                "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+                "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                "rollout/engine_restarts": float(self.rollout.restarts)}
 
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:

@@ -2,66 +2,135 @@
 across engines and results come back in input order; weight syncs go to every engine at once."""
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Sequence
 
-from actors.remote import make_actor, ray_get
+from actors.remote import WorkerDied, make_actor, ray_get
 from rlhf.errors import UserError
 from rollout.engine import Sample, SamplingConfig
 
 
+@dataclass
+class Submitted:
+    """A generation in flight: engine `spans[k] = (engine, lo, hi)` works on prompts[lo:hi] and answers `refs[k]`."""
+    spans: list[tuple[int, int, int]]
+    refs: list
+    prompts: Sequence
+    sampling: SamplingConfig
+
+
 class RolloutGroup:
+    """With `max_restarts` > 0 and an `on_restart(engine)` callback (set by the controller: re-form the sync channel
+    and push the current weights), an engine whose process dies is restarted by Ray and its share of the generation
+    (or of a `call`) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
+
     def __init__(self, engines: list, timeout_s: float = 600.0):
         self.engines, self.timeout_s = engines, timeout_s
         self.roles = [f"rollout engine {i}" for i in range(len(engines))]
+        self.on_restart: Optional[Callable[[int], None]] = None
+        self.restarts = 0
 
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
-               engine_cls: type | None = None, timeout_s: float = 600.0) -> "RolloutGroup":
+               engine_cls: type | None = None, timeout_s: float = 600.0, max_restarts: int = 0) -> "RolloutGroup":
         if engine_cls is None:
             from rollout.vllm_engine import VLLMEngine as engine_cls
         options = actor_options or [{}] * num_engines
-        engines = [make_actor(engine_cls, f"rollout engine {i}", options[i], **engine_kwargs)
-                   for i in range(num_engines)]
+        engines = [make_actor(engine_cls, f"rollout engine {i}", {"max_restarts": max_restarts, **options[i]},
+                              **engine_kwargs) for i in range(num_engines)]
         group = cls(engines, timeout_s)
         group.call("__ray_ready__")
         return group
 
     def call(self, method: str, *args, **kwargs) -> list:
-        return ray_get([getattr(e, method).remote(*args, **kwargs) for e in self.engines], self.timeout_s, self.roles)
+        """`method` on every engine (it must be safe to repeat on an engine that was restarted)."""
+        refs = [getattr(e, method).remote(*args, **kwargs) for e in self.engines]
+        while True:
+            try:
+                return ray_get(refs, self.timeout_s, self.roles)
+            except WorkerDied as e:
+                i = self._restart(e)
+                refs[i] = getattr(self.engines[i], method).remote(*args, **kwargs)
 
     def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
         return self.collect(self.submit(prompt_ids, sampling))
 
-    def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> tuple:
+    def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> Submitted:
         """Start generating without waiting (`collect` waits). Contiguous chunks per engine; per-prompt seeds are
         offset by the chunk start, so the samples are the same whatever the number of engines."""
         n = len(self.engines)
         bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
-        spans = [(e, lo, hi) for e, lo, hi in zip(self.engines, bounds, bounds[1:]) if hi > lo]
-        return spans, [e.generate.remote(prompt_ids[lo:hi], replace(sampling, seed=sampling.seed + lo))
-                       for e, lo, hi in spans]
+        spans = [(i, lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo]
+        out = Submitted(spans, [], prompt_ids, sampling)
+        out.refs = [self._generate_span(out, k) for k in range(len(spans))]
+        return out
 
-    def collect(self, submitted: tuple) -> list[Sample]:
-        """The samples of a `submit`, in prompt order."""
-        spans, refs = submitted
-        chunks = ray_get(refs, self.timeout_s, self.roles)
+    def _generate_span(self, sub: Submitted, k: int):
+        i, lo, hi = sub.spans[k]
+        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=sub.sampling.seed + lo))
+
+    def collect(self, sub: Submitted) -> list[Sample]:
+        """The samples of a `submit`, in prompt order. A restarted engine redoes its chunk with the same seeds."""
+        roles = [self.roles[i] for i, _, _ in sub.spans]
+        while True:
+            try:
+                chunks = ray_get(sub.refs, self.timeout_s, roles)
+                break
+            except WorkerDied as e:
+                i = self._restart(e)
+                for k, (j, _, _) in enumerate(sub.spans):
+                    if j == i:
+                        sub.refs[k] = self._generate_span(sub, k)
         out = []
-        for (_, lo, _), chunk in zip(spans, chunks):
+        for (_, lo, _), chunk in zip(sub.spans, chunks):
             for s in chunk:
                 s.prompt_index += lo
             out += chunk
         return out
 
+    def _restart(self, error: WorkerDied) -> int:
+        """The index of the engine that died, once Ray has restarted it and `on_restart` has brought it up to date;
+        re-raises `error` when it was not a death of an engine, or nothing can restart it."""
+        if not (error.died and error.role in self.roles and self.on_restart is not None):
+            raise error
+        i = self.roles.index(error.role)
+        _wait_restarted(self.engines[i], error.role)
+        self.restarts += 1
+        self.on_restart(i)
+        return i
+
     def shutdown(self) -> None:
-        """Stop each engine's core cleanly, then the actors."""
+        """Stop each engine's core cleanly, then the actors (no restart: `ray.kill` is final)."""
         import ray
+        self.on_restart = None
         try:
             self.call("shutdown")
         finally:
             for e in self.engines:
                 ray.kill(e)
             self.engines = []
+
+
+def _wait_restarted(engine, role: str, timeout_s: float = 1800.0) -> None:
+    """Until Ray has restarted `engine` (calls meanwhile fail as 'temporarily unavailable'); WorkerDied when it was
+    dead for good (its max_restarts used up) or did not come back in time."""
+    import time
+
+    import ray
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(engine.__ray_ready__.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except ActorUnavailableError:  # still restarting
+            time.sleep(0.5)
+        except RayActorError as e:
+            raise WorkerDied(f"{role} died and cannot be restarted again: {e}", role, died=True) from None
+        except GetTimeoutError:
+            break
+    raise WorkerDied(f"{role} died and was not restarted within {timeout_s:.0f} s", role)
 
 
 def setup_broadcast(trainers: list, group: RolloutGroup, timeout_s: float = 300.0) -> None:

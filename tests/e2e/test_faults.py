@@ -28,39 +28,84 @@ def test_consecutive_nan_steps_stop_the_run_and_keep_the_checkpoint(sft_model, t
     assert saved.keys() == start.keys() and all((saved[k] == start[k]).all() for k in start)
 
 
-@pytest.mark.slow
-def test_a_killed_engine_ends_the_run_with_one_paragraph(sft_model, tmp_path):
-    """`kill -9` of the vLLM engine's process mid-run: exit code 3 and one paragraph naming the worker, the last
-    checkpoint and how to resume; no traceback (shutting down the dead engine used to raise again in close())."""
+def _start_run(sft_model, tmp_path, *overrides):
     import os
-    import signal
     import subprocess
     import sys
+
+    from tests.conftest import ROOT
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={sft_model}",
+         f"output_dir={tmp_path}", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
+         "trainer.batch_size=64", "trainer.micro_batch_size=32", *overrides],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True)
+
+
+def _kill_when(proc, ready, title: str, timeout_s: float = 600.0) -> None:
+    """Once `ready()`, `kill -9` the run's one process whose title (Ray's `ray::Class.method`) contains `title`."""
+    import signal
     import time
 
     import psutil
 
-    from tests.conftest import ROOT
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={sft_model}",
-         f"output_dir={tmp_path}", "trainer.max_steps=30", "checkpoint.every=1", "eval.every=0", "data.num_eval=16",
-         "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and checkpoint.latest(str(tmp_path)) is None:
-            time.sleep(0.5)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        engines = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                   if "VLLMEngine" in " ".join(p.cmdline())]
-        assert len(engines) == 1, [p.cmdline() for p in engines]
-        engines[0].send_signal(signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
+        if ready():
+            found = [p for p in psutil.Process(proc.pid).children(recursive=True) if title in " ".join(p.cmdline())]
+            if found:
+                assert len(found) == 1, [p.cmdline() for p in found]
+                found[0].send_signal(signal.SIGKILL)
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no process titled {title!r} within {timeout_s:.0f} s")
+
+
+def _logged_steps(run_dir) -> int:
+    try:
+        return len(read_metrics(str(run_dir)))
+    except (OSError, ValueError):  # not written yet, or a line half written
+        return 0
+
+
+def _finish(proc, timeout_s: float = 600.0) -> tuple[str, str]:
+    """The run's stdout and stderr, once it ended."""
+    import os
+    import signal
+
+    try:
+        return proc.communicate(timeout=timeout_s)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
+    """`kill -9` of the vLLM engine's process while it generates step 3's rollout (after two updates): Ray restarts
+    it, the trained weights are pushed into it (the restarted engine's log-probs agree with the trainer's, which they
+    could not with the weights it starts from), its generation is redone and the run finishes, counting one
+    restart."""
+    proc = _start_run(sft_model, tmp_path, "trainer.max_steps=5", "checkpoint.every=0")
+    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.generate")  # rows for steps 0-2
+    out, err = _finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert "rollout engine 0 died and Ray restarted it" in out, out[-3000:]
+    rows = {r["step"]: r for r in read_metrics(str(tmp_path))}
+    assert sorted(rows) == [0, 1, 2, 3, 4, 5]
+    assert rows[2]["rollout/engine_restarts"] == 0 and rows[5]["rollout/engine_restarts"] == 1, rows
+    assert all(rows[s]["rollout/logprob_diff"] < 1e-3 for s in (3, 4, 5)), [rows[s] for s in (3, 4, 5)]
+
+
+@pytest.mark.slow
+def test_a_killed_trainer_rank_ends_the_run_with_one_paragraph(sft_model, tmp_path):
+    """`kill -9` of the trainer's process mid-run: exit code 3 and one paragraph naming the worker, the last
+    checkpoint and how to resume; no traceback (shutting down the dead worker used to raise again in close())."""
+    proc = _start_run(sft_model, tmp_path, "trainer.max_steps=30", "checkpoint.every=1")
+    _kill_when(proc, lambda: checkpoint.latest(str(tmp_path)) is not None, "PolicyTrainer")
+    _, err = _finish(proc, 300)
     assert proc.returncode == 3, err[-3000:]
-    assert "rollout engine 0 died" in err and "rerun the same command to resume" in err, err[-3000:]
+    assert "policy trainer 0 died" in err and "rerun the same command to resume" in err, err[-3000:]
     assert "checkpoints/step_" in err and "Traceback" not in err, err[-3000:]
