@@ -85,6 +85,34 @@ class ActorGroup:
         self.actors = []
 
 
+class Replicas:
+    """Independent copies of a frozen scorer (ReferenceModel, RewardModel), one per entry of `options` (under
+    colocation: one per GPU bundle, beside each trainer rank). A batch is split into contiguous row ranges, one per
+    copy, scored at once and concatenated in order."""
+
+    def __init__(self, cls: type, role: str, options: Sequence[dict], *args, timeout_s: float = 1800.0, **kwargs):
+        self.timeout_s = timeout_s
+        self.roles = [f"{role} {i}" for i in range(len(options))]
+        self.actors = [make_actor(cls, r, o, *args, **kwargs) for r, o in zip(self.roles, options)]
+
+    def ready(self) -> None:
+        ray_get([a.__ray_ready__.remote() for a in self.actors], self.timeout_s, self.roles)
+
+    def map(self, method: str, batch: Batch) -> torch.Tensor:
+        """`method(rows)` on each copy's share of the batch's rows, results concatenated along dim 0."""
+        n, rows = len(self.actors), len(next(iter(batch.values())))
+        bounds = [rows * i // n for i in range(n + 1)]
+        spans = [(a, r, lo, hi) for a, r, lo, hi in zip(self.actors, self.roles, bounds, bounds[1:]) if hi > lo]
+        refs = [getattr(a, method).remote({k: v[lo:hi] for k, v in batch.items()}) for a, _, lo, hi in spans]
+        return torch.cat(ray_get(refs, self.timeout_s, [r for _, r, _, _ in spans]))
+
+    def kill(self) -> None:
+        import ray
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
 def _placement_only(options: dict) -> dict:
     """The placement part of a rank's options, for a zero-resource task that must land on the same node."""
     return {k: v for k, v in options.items() if k == "scheduling_strategy"}

@@ -103,6 +103,9 @@ class TrainerConfig:
 class PlacementConfig:
     mode: str = "colocate"  # colocate: all roles share the GPUs | split: each role its own GPUs
     num_gpus: int = 0  # 0 = CPU only (no GPU requests)
+    # copies of the reference model, each scoring a share of the rows; null = one beside every trainer rank when
+    # colocated on GPUs (no extra GPU), else 1 (under split each copy takes a whole GPU)
+    reference_ranks: Optional[int] = None
 
 
 @dataclass
@@ -157,6 +160,9 @@ class RolloutConfig:
     # an engine whose process dies (OOM, preemption) is restarted up to this many times: the current weights are
     # pushed into it and its share of the generation is redone (rollout/engine_restarts); 0 = a death ends the run
     max_engine_restarts: int = 3
+    # a sampling seed per prompt: rollouts reproducible whatever the batching (and a resumed run's rollouts equal an
+    # uninterrupted one's); null = on CPU only: on GPUs vLLM then samples every row in one batched kernel
+    seed_per_prompt: Optional[bool] = None
 
 
 @dataclass

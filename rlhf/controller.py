@@ -10,6 +10,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Optional
 
 import torch
 
@@ -24,7 +25,7 @@ from rlhf.evaluate import evaluate
 from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
 from rlhf import checkpoint
 from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
-from rlhf.placement import multiprocess_engine
+from rlhf.placement import multiprocess_engine, seed_per_prompt
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score_rows
@@ -69,12 +70,11 @@ class RLController:
 
     def _start_workers(self) -> None:
         from actors.critic import Critic
-        from actors.group import ActorGroup
+        from actors.group import ActorGroup, Replicas
         from actors.policy import PolicyTrainer
         from actors.reference import ReferenceModel
-        from actors.remote import make_actor, ray_get
         from actors.reward_model import RewardModel
-        from rlhf.placement import Placement, sync_channel
+        from rlhf.placement import Placement, reference_ranks, sync_channel
         from rollout.group import RolloutGroup
         from rollout.weight_sync import plan_buckets
 
@@ -82,7 +82,8 @@ class RLController:
         ranks = {"policy": cfg.trainer.world_size, "rollout": r.num_engines}
         self.lora_reference = cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank > 0  # adapter off = reference
         if cfg.algorithm.kl_coef > 0 and not self.lora_reference:
-            ranks["reference"] = 1
+            ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
+                                                 cfg.placement.num_gpus, cfg.trainer.world_size)
         if cfg.algorithm.name == "ppo":
             ranks["critic"] = cfg.trainer.world_size
         if cfg.reward.model_path is not None:
@@ -96,11 +97,11 @@ class RLController:
         self.critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
                                   model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                                   seed=cfg.seed, **common) if "critic" in ranks else None)
-        self.reward_model = (make_actor(RewardModel, "reward model", self.placement.options["reward"][0],
-                                        ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed),
-                                        **common) if "reward" in ranks else None)
-        self.reference = (make_actor(ReferenceModel, "reference model", self.placement.options["reference"][0],
-                                     self.model_path, **common) if "reference" in ranks else None)
+        self.reward_model = (Replicas(RewardModel, "reward model", self.placement.options["reward"],
+                                      ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed),
+                                      **common) if "reward" in ranks else None)
+        self.reference = (Replicas(ReferenceModel, "reference model", self.placement.options["reference"],
+                                   self.model_path, **common) if "reference" in ranks else None)
         # LoRA with vLLM: engines keep the base weights and apply the adapter themselves; only the adapter is synced.
         adapter_sync = m.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter"
         if r.engine == "vllm":
@@ -117,10 +118,9 @@ class RLController:
             engine_kwargs = {}
         # vLLM counts what the GPU allocates during its start-up profiling as its own: every other model must be
         # loaded first, or a reference model loading meanwhile shrinks the KV cache (groups wait already).
-        singles = [(x, role) for x, role in ((self.reward_model, "reward model"), (self.reference, "reference model"))
-                   if x is not None]
-        if singles:
-            ray_get([x.__ray_ready__.remote() for x, _ in singles], 1800.0, [role for _, role in singles])
+        for scorer in (self.reward_model, self.reference):
+            if scorer is not None:
+                scorer.ready()
         engines_start = time.perf_counter()
         self.startup = {"time/start_trainers": engines_start - start}  # logged with step 0
         self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
@@ -149,11 +149,6 @@ class RLController:
         self._setup_sync()
         self._sync_weights()
 
-    @staticmethod
-    def _get(ref, role: str, timeout_s: float = 1800.0):
-        from actors.remote import ray_get
-        return ray_get([ref], timeout_s, [role])[0]
-
     # ---- one step, top to bottom ----
     def step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
@@ -163,7 +158,7 @@ class RLController:
             if not self.fused_old_logprobs:
                 batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
-                batch["ref_logprobs"] = self._get(self.reference.compute_logprobs.remote(batch), "reference model")
+                batch["ref_logprobs"] = self.reference.map("compute_logprobs", batch)
             elif self.lora_reference:
                 batch["ref_logprobs"] = self.policy.compute_ref_logprobs(batch)
             if self.critic is not None:
@@ -248,9 +243,15 @@ class RLController:
         rows = self.prompts.next()
         ids = [self.renderer.prompt_ids(x["prompt"]) for x in rows]
         sampling = SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                  n=r.n_samples, seed=self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101,
+                                  n=r.n_samples, seed=self.seed_for(step, attempt),
                                   stop_token_ids=self.renderer.stop_ids([x["prompt"] for x in rows]))
         return rows, self.rollout.submit(ids, sampling)
+
+    def seed_for(self, step: int, attempt: int) -> Optional[int]:
+        """Per-prompt sampling seeds (reproducible rollouts; on CPU by default), or None: the engine's own RNG."""
+        if not seed_per_prompt(self.cfg.rollout.seed_per_prompt, self.cfg.placement.num_gpus):
+            return None
+        return self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101
 
     def _overlapped(self, step: int):
         """rollout.overlap (one-step off-policy): this step trains on the rollout submitted during the previous
@@ -276,7 +277,7 @@ class RLController:
         if self.reward_model is None:
             return task, {}
         rm = {k: batch[k] for k in ("input_ids", "attention_mask")}
-        return self._get(self.reward_model.score.remote(rm), "reward model"), {
+        return self.reward_model.map("score", rm), {
             "rollout/task_reward_mean": task.mean().item()}
 
     def _advantages(self, batch, rewards: torch.Tensor) -> None:
@@ -371,13 +372,12 @@ class RLController:
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
         raises again, and that must neither mask the first error nor leave the other parts running."""
-        import ray
         parts = [("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
                  ("policy trainers", self.policy.kill)]
         if self.critic is not None:
             parts.append(("critic", self.critic.kill))
-        parts += [(role, lambda a=actor: ray.kill(a)) for role, actor in
-                  (("reference model", self.reference), ("reward model", self.reward_model)) if actor is not None]
+        parts += [(role, x.kill) for role, x in (("reference model", self.reference),
+                                                  ("reward model", self.reward_model)) if x is not None]
         for role, stop in parts + [("placement group", self.placement.remove)]:
             try:
                 stop()

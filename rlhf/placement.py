@@ -91,3 +91,18 @@ def multiprocess_engine(requested, num_gpus: int) -> bool:
     """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
     model, not in its way) and the in-process one on CPU (a 20-40 s longer start there, for a tiny model)."""
     return requested if requested is not None else num_gpus > 0
+
+
+def reference_ranks(requested: Optional[int], mode: str, num_gpus: int, world_size: int) -> int:
+    """`placement.reference_ranks`, or by default one reference copy per trainer rank when colocated on GPUs (each
+    bundle already holds a trainer rank; scoring is split across them instead of queueing on GPU 0), else one."""
+    if requested is not None:
+        return requested
+    return world_size if num_gpus > 0 and mode == "colocate" else 1
+
+
+def seed_per_prompt(requested: Optional[bool], num_gpus: int) -> bool:
+    """`rollout.seed_per_prompt`, or by default on CPU only. vLLM samples seeded requests row by row in Python
+    (its GPU top-k/top-p kernels and FlashInfer skip them), so on GPUs the default trades bit-reproducible
+    rollouts for sampling speed; set it true to get both runs' rollouts equal."""
+    return requested if requested is not None else num_gpus == 0

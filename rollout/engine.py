@@ -11,7 +11,9 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     n: int = 1  # samples per prompt
-    seed: int = 0
+    # per-prompt seeds (prompt i gets seed + i): samples independent of batching and engine count; None = the
+    # engine's own RNG (on GPUs vLLM's fast batched sampler; a per-request seed sends it down a per-row path)
+    seed: Optional[int] = 0
     stop_token_ids: tuple[int, ...] = ()  # ends a completion (kept as its last token), besides the engine's eos
 
 

@@ -67,7 +67,8 @@ class RolloutGroup:
 
     def _generate_span(self, sub: Submitted, k: int):
         i, lo, hi = sub.spans[k]
-        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=sub.sampling.seed + lo))
+        seed = None if sub.sampling.seed is None else sub.sampling.seed + lo
+        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=seed))
 
     def collect(self, sub: Submitted) -> list[Sample]:
         """The samples of a `submit`, in prompt order. A restarted engine redoes its chunk with the same seeds."""

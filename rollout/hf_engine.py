@@ -42,7 +42,11 @@ class HFEngine:
         sampling = replace(sampling, stop_token_ids=stops)
         was_training = self.model.training
         self.model.eval()
-        gen = torch.Generator().manual_seed(sampling.seed)
+        gen = torch.Generator()
+        if sampling.seed is None:
+            gen.seed()  # nondeterministic
+        else:
+            gen.manual_seed(sampling.seed)
         expanded = [(i, list(p)) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         out = []
         for start in range(0, len(expanded), self.batch_size):

@@ -13,11 +13,11 @@ import datetime
 import os
 import pickle
 import uuid
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
-from rollout.weight_sync import TensorSpec, bucket_nbytes, unpack_bucket
+from rollout.weight_sync import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, unpack_bucket
 
 
 def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[str]]:
@@ -33,20 +33,33 @@ def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[st
 
 
 def share(t: torch.Tensor, path: Optional[str]) -> bytes:
-    """A handle (no data inside) that another process on this host opens with `open_shared`, once per handle."""
+    """A handle (no data inside) that another process on this host opens with `open_shared`, once per handle. A
+    CUDA handle carries the GPU's UUID: device indices are per-process (CUDA_VISIBLE_DEVICES), UUIDs are not."""
     if t.is_cuda:
         from multiprocessing.reduction import ForkingPickler
-        return bytes(ForkingPickler.dumps(t))  # a CUDA IPC handle, with torch's own reference counting
+        index = t.device.index
+        # a CUDA IPC handle, with torch's own reference counting
+        return pickle.dumps(("cuda", index, gpu_uuid(index), bytes(ForkingPickler.dumps(t))))
     return pickle.dumps(("file", path, t.numel()))
 
 
-def open_shared(handle: bytes) -> torch.Tensor:
+def open_shared(handle: bytes, local_uuid: Optional[Callable[[int], str]] = None) -> torch.Tensor:
     """The buffer behind a `share` handle, mapped (not copied) into this process. CUDA: the producer's device index
-    must name the same GPU here, which holds for Ray actors sharing one GPU bundle (same CUDA_VISIBLE_DEVICES)."""
+    must name the same GPU here (true for Ray actors in one GPU bundle); checked by UUID, not assumed."""
     obj = pickle.loads(handle)
-    if isinstance(obj, tuple) and obj[0] == "file":
+    if obj[0] == "file":
         return torch.from_file(obj[1], shared=True, size=obj[2], dtype=torch.uint8)
-    return obj
+    _, index, want, data = obj
+    here = (local_uuid or gpu_uuid)(index)
+    if here != want:
+        raise RuntimeError(f"weight sync (ipc): the trainer's buffer is on GPU {index} = {want}, but GPU {index} in "
+                           f"this engine is {here} (the two processes see different CUDA_VISIBLE_DEVICES orders); "
+                           "set rollout.sync_channel=broadcast, or give both the same visible devices")
+    return pickle.loads(data)
+
+
+def gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def unlink_file(path: Optional[str]) -> None:
@@ -92,16 +105,11 @@ class IpcSender:
 
     def send(self, named: Iterable[tuple[str, torch.Tensor]], plan: list[list[TensorSpec]]) -> int:
         """Stream every bucket of the plan; returns the payload bytes. Tensors must come in plan order."""
-        it, sent = iter(named), 0
-        for k, bucket in enumerate(plan):
+        sent = 0
+        for k, (bucket, tensors) in enumerate(bucket_tensors(named, plan)):
             if k >= 2:
                 self._wait_acks(k - 2)
-            views = unpack_bucket(self.buffers[k % 2], bucket)
-            for spec, (_, view) in zip(bucket, views):
-                name, tensor = next(it)
-                if name != spec.name or tuple(tensor.shape) != spec.shape:
-                    raise RuntimeError(f"weight sync out of order: expected {spec.name}{spec.shape}, got "
-                                       f"{name}{tuple(tensor.shape)}")
+            for (_, view), tensor in zip(unpack_bucket(self.buffers[k % 2], bucket), tensors):
                 view.copy_(tensor)
             _sync_device(self.buffers[k % 2])
             self.store.set(_ready_key(self.src, self.sync, k), b"1")
@@ -128,12 +136,15 @@ class IpcReceiver:
     def receive(self, plan: list[list[TensorSpec]]) -> Iterator[tuple[str, torch.Tensor]]:
         """Named tensors bucket by bucket, as each becomes ready (in fresh memory: the consumer may keep views)."""
         sync, self.sync = self.sync, self.sync + 1
-        for k, bucket in enumerate(plan):
-            self.store.get(_ready_key(self.src, sync, k))  # blocks until the trainer has filled the buffer
-            own = self.buffers[k % 2][:bucket_nbytes(bucket)].clone()
-            _sync_device(own)
-            self.store.set(_ack_key(self.src, sync, k, self.engine), b"1")
-            yield from unpack_bucket(own, bucket)
+
+        def arrived():
+            for k, bucket in enumerate(plan):
+                self.store.get(_ready_key(self.src, sync, k))  # blocks until the trainer has filled the buffer
+                own = self.buffers[k % 2][:bucket_nbytes(bucket)].clone()
+                _sync_device(own)
+                self.store.set(_ack_key(self.src, sync, k, self.engine), b"1")
+                yield bucket, own
+        return bucket_contents(arrived())
 
 
 def feeding_rank(engine: int, world_size: int) -> int:

@@ -59,8 +59,8 @@ class VLLMEngine:
         prompts, stops = render_prompts(self, prompts, sampling)
         # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, logprobs=0, seed=sampling.seed + i,
-                                 stop_token_ids=list(stops))
+                                 max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(stops),
+                                 seed=None if sampling.seed is None else sampling.seed + i)
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)

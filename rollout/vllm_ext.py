@@ -10,11 +10,12 @@ from rollout.weight_sync import SyncGroup, TensorSpec, receive_weights
 
 
 def plan_from_plain(plain: list) -> list[list[TensorSpec]]:
-    return [[TensorSpec(name, tuple(shape), dtype) for name, shape, dtype in bucket] for bucket in plain]
+    return [[TensorSpec(name, tuple(shape), dtype, tuple(part) if part else None)
+             for name, shape, dtype, part in bucket] for bucket in plain]
 
 
 def plan_to_plain(plan: list[list[TensorSpec]]) -> list:
-    return [[[s.name, list(s.shape), s.dtype] for s in bucket] for bucket in plan]
+    return [[[s.name, list(s.shape), s.dtype, list(s.part) if s.part else None] for s in bucket] for bucket in plan]
 
 
 class WeightSyncExtension:

