@@ -66,6 +66,24 @@ def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay)
 
 
+@contextmanager
+def zero3_loading(config: dict):
+    """Under ZeRO-3, `from_pretrained` inside this block builds the model under `deepspeed.zero.Init`: each rank
+    allocates only its shard and the checkpoint is loaded into the shards (transformers checks for a live
+    `HfDeepSpeedConfig`). Without it every rank loads the full model first (fine for 7B, out of memory for 32B+).
+    Other stages: nothing."""
+    if config["zero_optimization"]["stage"] != 3:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig
+
+    keep = HfDeepSpeedConfig(config)  # transformers holds only a weak reference: alive for the block
+    try:
+        yield
+    finally:
+        del keep
+
+
 def warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
@@ -79,13 +97,15 @@ class DSModel:
         init_deepspeed_distributed(rank, world_size, master_addr, master_port)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
-        model = build()
+        config = deepspeed_config(tr, dtype, world_size)
+        with zero3_loading(config):
+            model = build()
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = make_optimizer(trainable, tr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
         self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                               config=deepspeed_config(tr, dtype, world_size))
+                                               config=config)
         save = self.engine.checkpoint_engine.save
         self.engine.checkpoint_engine.save = lambda state_dict, path: save(plain_enums(state_dict), path)
         self.engine.checkpoint_engine.load = restricted_load

@@ -1,6 +1,8 @@
 """The GPU checks of the rollout and actors issues, as one command: DeepSpeed ZeRO-2 and ZeRO-3 SFT steps of a
 0.5B-shaped model (tokens/s, MFU, peak memory, trainer.offload's cost and what it frees), and the ipc channel (CUDA
-IPC) between a trainer actor and an engine actor sharing one GPU (seconds, GB/s, bit-exact arrival).
+IPC) between a trainer actor and an engine actor sharing one GPU (seconds, GB/s, bit-exact arrival, the largest
+staging bucket and how many tensors were cut to fit it), then the GPU-review rules that need a CUDA runtime (an
+actor asking no GPU sees none; the NCCL sync group builds with its timeout).
 
     python benchmarks/gpu_check.py [--size 0.5B] [--dtype bfloat16] [--seq 1024] [--steps 6] [--out DIR]
 
@@ -120,7 +122,7 @@ def ipc_row(path: str, args) -> dict:
     from rlhf.placement import Placement
     from rollout.group import RolloutGroup, ipc_weights, setup_ipc
     from rollout.hf_engine import HFEngine
-    from rollout.weight_sync import plan_buckets
+    from rollout.weight_sync import bucket_nbytes, plan_buckets
 
     placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
@@ -140,12 +142,60 @@ def ipc_row(path: str, args) -> dict:
         sent = sum(s.nbytes for s in specs)
         want = float(sum(t.double().sum().item() for _, t in trainers.export_weights()))
         got = ray_get([group.engines[0].__ray_call__.remote(_param_sum)], 600, ["rollout engine 0"])[0]
-        return {"channel": "ipc", "MiB": sent / 2**20, "buckets": len(plan), "sync_s": seconds,
+        return {"channel": "ipc", "MiB": sent / 2**20, "buckets": len(plan),
+                "max_bucket_MiB": max(bucket_nbytes(b) for b in plan) / 2**20,
+                "cut_tensors": len({s.name for b in plan for s in b if s.part}), "sync_s": seconds,
                 "GB_per_s": sent / seconds / 1e9, "engine_weights_equal": got == want}
     finally:
         group.shutdown()
         trainers.kill()
         placement.remove()
+
+
+def _visible_gpus() -> int:
+    import torch
+    return torch.cuda.device_count()
+
+
+def _nccl_sync_group(timeout_s: float) -> bool:
+    """A one-rank NCCL sync group built with its timeout (review finding 14) broadcasts a bucket."""
+    import torch
+
+    from actors.dist import free_port
+    from rollout.weight_sync import SyncGroup
+    group = SyncGroup("127.0.0.1", free_port(), 0, 1, timeout_s=timeout_s)
+    buf = torch.arange(8, dtype=torch.uint8, device=group.device or "cpu")
+    group.broadcast(buf)
+    return group.device is not None and buf.sum().item() == 28
+
+
+def rule_rows(gpu: dict) -> list[dict]:
+    """Review findings whose rule needs a real CUDA runtime: each row is one check and what it found."""
+    import ray
+
+    from actors.remote import make_actor, ray_get
+    rows = []
+    hidden = make_actor(_Probe, "no-GPU probe", {})
+    rows.append({"finding": "3: an actor asking no GPU sees none",
+                 "ok": ray_get([hidden.visible_gpus.remote()], 300, ["no-GPU probe"])[0] == 0})
+    with_gpu = make_actor(_Probe, "GPU probe", gpu)
+    rows.append({"finding": "14: NCCL sync group with timeout_s",
+                 "ok": ray_get([with_gpu.nccl_sync_group.remote(60.0)], 300, ["GPU probe"])[0]})
+    for actor in (hidden, with_gpu):
+        ray.kill(actor)
+    return rows
+
+
+class _Probe:
+    def visible_gpus(self) -> int:
+        return _visible_gpus()
+
+    def nccl_sync_group(self, timeout_s: float) -> bool:
+        try:
+            return _nccl_sync_group(timeout_s)
+        except Exception as e:  # noqa: BLE001 - the row reports it
+            print(f"nccl sync group: {type(e).__name__}: {e}", flush=True)
+            return False
 
 
 def main() -> None:
@@ -156,7 +206,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--bucket-mb", type=int, default=256)
+    parser.add_argument("--bucket-mb", type=int, default=64)  # rollout.sync_bucket_mb's default
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_TFLOPS)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
@@ -170,6 +220,7 @@ def main() -> None:
     vocab = SHAPES[args.size][1] or 100
     train = train_rows(path, args, vocab, {"num_gpus": 1} if gpus else {})
     sync = ipc_row(path, args)
+    rules = rule_rows({"num_gpus": 1} if gpus else {})
     ray.shutdown()
     for r in train:
         r["MFU"] = r["tflops"] / args.peak_tflops if gpus else float("nan")
@@ -179,8 +230,9 @@ def main() -> None:
           f"median of {args.steps - 1} steps:")
     print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
     print_table(list(sync), [list(sync.values())])
+    print_table(["finding", "ok"], [[r["finding"], r["ok"]] for r in rules])
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump({"args": vars(args), "train": train, "sync": sync, "device": torch.cuda.get_device_name()
+        json.dump({"args": vars(args), "train": train, "sync": sync, "rules": rules, "device": torch.cuda.get_device_name()
                    if gpus else "cpu"}, f, indent=1)
 
 

@@ -45,3 +45,19 @@ def test_offloading_between_steps_changes_nothing(tiny_model_dir, zero_stage):
     exported = dict(offloaded.export_weights())  # export reloads too
     for name, w in plain.export_weights():
         assert torch.equal(exported[name], w), name
+
+
+def test_zero3_builds_the_model_in_shards(tiny_model_dir):
+    """Under ZeRO-3 `from_pretrained` runs inside deepspeed.zero.Init (each rank allocates only its shard; a
+    parameter is then a ZeRO-3 one, `ds_id`, before deepspeed.initialize); other stages load plainly."""
+    from transformers import AutoModelForCausalLM
+
+    from actors.dist import init_deepspeed_distributed
+    from actors.ds_model import deepspeed_config, zero3_loading
+
+    init_deepspeed_distributed(0, 1, "127.0.0.1", None)
+    for stage in (2, 3):
+        with zero3_loading(deepspeed_config(TrainerConfig(batch_size=8, micro_batch_size=8, zero_stage=stage),
+                                            "float32", 1)):
+            model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        assert all(hasattr(p, "ds_id") for p in model.parameters()) == (stage == 3), stage
