@@ -151,11 +151,13 @@ class DSModel:
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
-        optimizer step each; returns metrics averaged over steps (`train/skipped_updates`: summed)."""
+        optimizer step each; rows are reshuffled into new mini-batches every epoch (global torch RNG: restored by
+        a checkpoint). Returns metrics averaged over steps (`train/skipped_updates`: summed)."""
         n_mini = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
         history: dict[str, list[float]] = {}
         for _ in range(epochs):
-            for mini in split_batch(batch, n_mini):
+            order = torch.randperm(len(batch["input_ids"])) if n_mini > 1 else None
+            for mini in split_batch(batch if order is None else {k: v[order] for k, v in batch.items()}, n_mini):
                 for k, v in self.optimizer_step(mini, loss_fn, agg).items():
                     history.setdefault(k, []).append(v)
         out = {k: sum(v) / len(v) for k, v in history.items()}
@@ -179,7 +181,7 @@ class DSModel:
         if len(mini["input_ids"]) % gas:
             raise ValueError(f"cannot split {len(mini['input_ids'])} rows into {gas} equal micro-batches")
         micro_batches = [dict(mb, row=rows) for rows, mb in length_grouped(mini, len(mini["input_ids"]) // gas, unit)]
-        loss_sum, grad_norm, metrics, bad = 0.0, None, {}, torch.zeros(())
+        loss_sum, grad_norm, sums, weight, bad = 0.0, None, {}, 0.0, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):
             mb = self.on_device(mb)
@@ -194,8 +196,12 @@ class DSModel:
             with self._suppressed_update(skip):
                 self.engine.step()
             loss_sum += loss.item() / self.world_size
+            # RL metrics are token means (clip fraction, entropy); preference metrics ("seq-mean") are pair means
+            w = float(len(mb["input_ids"])) if agg == "seq-mean" else float(mb["loss_mask"].sum())
+            weight += w
             for k, v in m.items():
-                metrics[k] = metrics.get(k, 0.0) + float(v) / len(micro_batches)
+                sums[k] = sums.get(k, 0.0) + float(v) * w
+        metrics = self._global_means(sums, weight)
         skipped = skip or self.engine.skipped_steps > skipped_before  # ZeRO 1-3 also skip inf/NaN grads
         metrics["loss"] = self.all_reduce_sum(torch.tensor(loss_sum)).item()
         if grad_norm is None:
@@ -204,6 +210,13 @@ class DSModel:
         metrics["train/lr"] = self.engine.get_lr()[0]
         metrics["train/skipped_updates"] = float(skipped)
         return metrics
+
+    def _global_means(self, sums: dict[str, float], weight: float) -> dict[str, float]:
+        """Each micro-batch metric (a mean over its tokens, or pairs) as one mean over every rank's micro-batches,
+        weighted by what it averaged: the value the whole mini-batch would give, on every rank."""
+        keys = sorted(sums)
+        total = self.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64))
+        return {k: (total[i] / total[-1].clamp(min=1e-12)).item() for i, k in enumerate(keys)}
 
     @contextmanager
     def _suppressed_update(self, skip: bool):

@@ -90,10 +90,12 @@ class PolicyTrainer:
             if fused:
                 kept.append((mb["row"].cpu(), old.cpu()))
             loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], algo.clip_low, algo.clip_high,
-                                  algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap, algo.loss_agg, normalizer)
+                                  algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap, algo.loss_agg, normalizer,
+                                  algo.loss_norm_len)
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
-                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer,
+                                                            algo.loss_norm_len)
                 m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
             m["policy/entropy"] = masked_mean(entropy_from_logits(out.logits[:, :-1].detach()), mb["loss_mask"])
             return loss, m
@@ -114,8 +116,9 @@ class PolicyTrainer:
         def loss_fn(mb: Batch, out, normalizer: float):
             logps = sequence_logprobs(_shifted_logprobs(mb, out), mb["loss_mask"])
             ref = mb["ref_logps"]
+            tokens = mb["loss_mask"].sum(-1)
             loss, m = dpo_loss(logps[0::2], logps[1::2], ref[0::2], ref[1::2], algo.beta, algo.dpo_loss,
-                               algo.label_smoothing)
+                               algo.label_smoothing, tokens[0::2], tokens[1::2])
             if algo.dpo_nll_coef > 0:  # keeps the chosen answer likely; plain DPO may lower both sides
                 nll = (-logps[0::2] / mb["loss_mask"][0::2].sum(-1).clamp(min=1)).mean()
                 loss = loss + algo.dpo_nll_coef * nll

@@ -44,11 +44,12 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "toke
     token-mean:              sum of all masked tokens / number of masked tokens (DAPO, Yu et al. 2025)
     seq-mean-token-mean:     mean over sequences of each sequence's token mean (GRPO, Shao et al. 2024)
     seq-mean-token-sum:      mean over sequences of each sequence's token sum
-    seq-mean-token-sum-norm: token sums / a constant max length, mean over sequences (Dr. GRPO, Liu et al. 2025)
+    seq-mean-token-sum-norm: token sums / `max_len`, mean over sequences (Dr. GRPO, Liu et al. 2025)
 
     `normalizer` replaces the denominator of the outer mean (tokens for token-mean, sequences otherwise): pass the
     count over the whole global batch, so micro-batches and data-parallel ranks sum to the full-batch loss.
-    `max_len` is the constant for seq-mean-token-sum-norm (default T).
+    `max_len` is seq-mean-token-sum-norm's constant, the generation budget; required, since a micro-batch's width T
+    varies with how rows are grouped and would make the same rows' loss depend on the split.
     """
     m = mask.to(loss_mat.dtype)
     if mode == "token-mean":
@@ -59,7 +60,9 @@ def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "toke
     elif mode == "seq-mean-token-sum":
         per_seq = (loss_mat * m).sum(-1)
     elif mode == "seq-mean-token-sum-norm":
-        per_seq = (loss_mat * m).sum(-1) / (max_len or loss_mat.shape[-1])
+        if max_len is None:
+            raise ValueError("seq-mean-token-sum-norm needs max_len, a constant (the generation budget)")
+        per_seq = (loss_mat * m).sum(-1) / max_len
     else:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(AGG_MODES)}")
     denom = per_seq.shape[0] if normalizer is None else normalizer

@@ -1,6 +1,8 @@
 """Direct preference optimisation losses on summed per-sequence log-probs."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -9,18 +11,27 @@ DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
 def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
              ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float = 0.1,
-             loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """All inputs (B,): log-probs summed over each completion's tokens.
+             loss_type: str = "sigmoid", label_smoothing: float = 0.0, chosen_tokens: Optional[torch.Tensor] = None,
+             rejected_tokens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, dict]:
+    """All inputs (B,): log-probs summed over each completion's tokens; `*_tokens` (B,) their token counts.
 
     h = (pi_c - ref_c) - (pi_r - ref_r)
     sigmoid: -(1-eps) logsigmoid(beta h) - eps logsigmoid(-beta h)   (Rafailov et al. 2023; eps: conservative DPO)
-    ipo:     (h - 1/(2 beta))^2                                       (Azar et al. 2023)
+    ipo:     (h - 1/(2 beta))^2 with each log-ratio divided by its completion's token count (Azar et al. 2023 on
+             length-normalised log-probs, as TRL does), so the loss does not grow with the completions' length
     hinge:   relu(1 - beta h)                                          (SLiC, Zhao et al. 2023)
-    Metrics: implicit rewards beta*(pi - ref), reward accuracy (chosen > rejected) and margin.
+    label_smoothing applies to sigmoid only. Metrics: implicit rewards beta*(pi - ref) (summed log-probs),
+    reward accuracy (chosen > rejected) and margin.
     """
     chosen_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_ratio = policy_rejected_logps - ref_rejected_logps
+    if label_smoothing and loss_type != "sigmoid":
+        raise ValueError(f"label_smoothing applies to the sigmoid loss only, not {loss_type!r}")
     h = chosen_ratio - rejected_ratio
+    if loss_type == "ipo":
+        if chosen_tokens is None or rejected_tokens is None:
+            raise ValueError("the ipo loss needs chosen_tokens and rejected_tokens (length normalisation)")
+        h = chosen_ratio / chosen_tokens.clamp(min=1) - rejected_ratio / rejected_tokens.clamp(min=1)
     if loss_type == "sigmoid":
         losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
     elif loss_type == "ipo":

@@ -14,13 +14,14 @@ _LOG_RATIO_CLAMP = 20.0
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
                 rollout_logprobs: Optional[torch.Tensor] = None, tis_cap: Optional[float] = None,
-                agg: str = "token-mean", normalizer: Optional[float] = None) -> tuple[torch.Tensor, dict]:
+                agg: str = "token-mean", normalizer: Optional[float] = None,
+                max_len: Optional[int] = None) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate (Schulman et al. 2017), all inputs (B, T), mask bool.
 
     ratio = pi/pi_old;  L = max(-A ratio, -A clip(ratio, 1 - clip_low, 1 + clip_high))  (asymmetric "clip-higher",
     DAPO, Yu et al. 2025). dual_clip = c > 1 caps the loss of negative-advantage tokens at -c A (Ye et al. 2020).
     rollout_logprobs + tis_cap weight each token by min(pi_old / pi_rollout, tis_cap), the truncated importance
-    sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025). `normalizer`: see aggregate_loss.
+    sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025). `normalizer`, `max_len`: see aggregate_loss.
     Returns (loss, metrics with clip fraction, approximate KL to pi_old and mean ratio).
     """
     log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
@@ -35,7 +36,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     if rollout_logprobs is not None and tis_cap is not None:
         weight = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP)).clamp(max=tis_cap)
         loss_mat = loss_mat * weight.detach()
-    loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer)
+    loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, max_len=max_len)
     metrics = {
         "policy/clip_frac": masked_mean((clipped > unclipped).float(), mask).detach(),
         "policy/approx_kl": masked_mean(0.5 * log_ratio.square(), mask).detach(),

@@ -20,7 +20,7 @@ REWARD_NAMES = tuple(BUILTIN_REWARDS)
 
 STAGES = ("sft", "rl", "dpo", "rm")
 ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # algorithms/kl.py (not imported here: config loads without torch)
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ENGINES = ("vllm", "hf")
 LORA_SYNC = ("adapter", "merged")
@@ -114,13 +114,16 @@ class AlgorithmConfig:
 
     name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo
     kl_coef: float = 0.0  # 0 = no reference model
-    kl_estimator: str = "k3"
+    kl_estimator: str = "k3"  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient); see algorithms/kl.py
     kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: Optional[float] = None
     tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
     loss_agg: str = "token-mean"
+    # seq-mean-token-sum-norm's constant (Dr. GRPO divides each sequence's token sum by the generation budget);
+    # null = rollout.max_new_tokens
+    loss_norm_len: Optional[int] = None
     ppo_epochs: int = 1
     scale_by_std: bool = True  # grpo; false = Dr. GRPO
     gamma: float = 1.0  # ppo (GAE) and reinforce_pp discount
@@ -300,6 +303,9 @@ def validate(cfg: RunConfig) -> list[str]:
         positive("algorithm.beta", cfg.algorithm.beta)
         if not 0 <= cfg.algorithm.label_smoothing < 0.5:
             bad("algorithm.label_smoothing", cfg.algorithm.label_smoothing, "must be in [0, 0.5)")
+        if cfg.algorithm.label_smoothing and cfg.algorithm.dpo_loss != "sigmoid":
+            bad("algorithm.label_smoothing", cfg.algorithm.label_smoothing, "applies to dpo_loss=sigmoid only (ipo "
+                f"and hinge have no label noise term); set it to 0 or dpo_loss=sigmoid")
     if cfg.stage in ("dpo", "rm") and tr.micro_batch_size % 2:
         bad("trainer.micro_batch_size", tr.micro_batch_size, "counts sequences and must be even for preference "
             "pairs (chosen and rejected stay in the same micro-batch)")
@@ -363,6 +369,9 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
                        ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.sync_bucket_mb", r.sync_bucket_mb)):
         positive(key, value)
+    if a.loss_norm_len is not None and a.loss_norm_len <= 0:
+        bad("algorithm.loss_norm_len", a.loss_norm_len, "must be > 0 (seq-mean-token-sum-norm's constant), or null "
+            "for rollout.max_new_tokens")
     if r.max_engine_restarts < 0:
         bad("rollout.max_engine_restarts", r.max_engine_restarts, "must be >= 0 (0: a dead engine ends the run)")
     if a.kl_coef < 0:

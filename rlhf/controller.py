@@ -45,6 +45,8 @@ class PhaseTimer:
 class RLController:
     def __init__(self, cfg: RunConfig):
         from actors.remote import init_ray
+        if cfg.algorithm.loss_norm_len is None:  # Dr. GRPO's constant: the generation budget
+            cfg = replace(cfg, algorithm=replace(cfg.algorithm, loss_norm_len=cfg.rollout.max_new_tokens))
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)

@@ -151,3 +151,14 @@ def test_gpu_colocation_never_broadcasts_between_ranks_on_one_gpu(overrides, ok)
     else:
         with pytest.raises(UserError, match="refuses two ranks on one GPU"):
             load_config(None, args)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["stage=dpo", "algorithm.dpo_loss=ipo", "algorithm.label_smoothing=0.1"], "applies to dpo_loss=sigmoid only"),
+    (["stage=dpo", "algorithm.dpo_loss=hinge", "algorithm.label_smoothing=0.1"], "applies to dpo_loss=sigmoid only"),
+    (["stage=rl", "algorithm.name=grpo", "rollout.n_samples=1"], "compares samples of the same prompt"),
+    (["stage=rl", "algorithm.loss_norm_len=0"], "algorithm.loss_norm_len = 0"),
+])
+def test_settings_that_would_be_silently_ignored_or_zero_are_rejected(args, needle):
+    with pytest.raises(UserError, match=needle):
+        load_config(None, args)

@@ -61,3 +61,47 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
                                             "float32", 1)):
             model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         assert all(hasattr(p, "ds_id") for p in model.parameters()) == (stage == 3), stage
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean", "token-mean"])
+def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg):
+    """The same rows give the same update whether trained as one micro-batch of 16 or as four of 4 (each cut to its
+    own longest row by length grouping). Dr. GRPO's seq-mean-token-sum-norm divides by a constant (the generation
+    budget), not by a micro-batch's width, which differs between the two splits."""
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    # very uneven answer lengths: keep only each row's first 1..16 answer tokens in the loss
+    first = batch["loss_mask"].float().argmax(-1)
+    keep = torch.arange(batch["loss_mask"].shape[1])[None] < (first + 1 + torch.arange(16))[:, None]
+    batch["loss_mask"] = batch["loss_mask"] & keep
+    advantages = torch.randn(len(batch["input_ids"]), 1, generator=torch.Generator().manual_seed(0)) \
+        * batch["loss_mask"]
+    algo = AlgorithmConfig(loss_agg=agg, loss_norm_len=32)
+    trainers = [PolicyTrainer(tiny_model_dir, TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=m,
+                                                            warmup_steps=0)) for m in (16, 4)]
+    # off-policy old log-probs: ratios and clipping vary token by token, so a wrongly weighted metric shows
+    old = trainers[0].compute_logprobs(batch) + 0.3 * torch.randn(batch["loss_mask"].shape,
+                                                                  generator=torch.Generator().manual_seed(1))
+    whole, split = [t.rl_step(dict(batch, old_logprobs=old, advantages=advantages), algo) for t in trainers]
+    # (not the weights: AdamW's first step is lr * sign(g), which turns rounding in ~0 gradients into lr)
+    assert split["policy/loss"] == pytest.approx(whole["policy/loss"], rel=1e-5)
+    assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+    # metrics too: weighted by the loss's unit (tokens for token-mean, else rows), not a plain mean of micro-batches
+    for key in ("policy/entropy", "policy/clip_frac", "policy/ratio_mean"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+
+
+def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):
+    """Two epochs over 16 rows in mini-batches of 8: each epoch's mini-batches cover every row once, and the second
+    epoch groups the rows differently from the first (a fixed split would repeat the same gradient steps)."""
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(lr=1e-4, batch_size=8, micro_batch_size=8,
+                                                          warmup_steps=0))
+    seen, step = [], trainer.ds.optimizer_step
+    trainer.ds.optimizer_step = lambda mini, *a, **k: seen.append(sorted(mini["tag"].tolist())) or step(mini, *a, **k)
+    batch = dict(batch, old_logprobs=trainer.compute_logprobs(batch), advantages=batch["loss_mask"].float(),
+                 tag=torch.arange(16))
+    trainer.rl_step(batch, AlgorithmConfig(ppo_epochs=2))
+    assert len(seen) == 4
+    for epoch in (seen[:2], seen[2:]):
+        assert sorted(epoch[0] + epoch[1]) == list(range(16))
+    assert sorted(map(tuple, seen[:2])) != sorted(map(tuple, seen[2:]))

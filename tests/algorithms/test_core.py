@@ -80,7 +80,8 @@ def test_aggregation_modes_hand_computed():
     assert aggregate_loss(loss, M, "seq-mean-token-mean").item() == pytest.approx((2.0 + 5.0) / 2)
     assert aggregate_loss(loss, M, "seq-mean-token-sum").item() == pytest.approx((6.0 + 10.0) / 2)
     assert aggregate_loss(loss, M, "seq-mean-token-sum-norm", max_len=8).item() == pytest.approx((6 / 8 + 10 / 8) / 2)
-    assert aggregate_loss(loss, M, "seq-mean-token-sum-norm").item() == pytest.approx((6 / 4 + 10 / 4) / 2)
+    with pytest.raises(ValueError, match="needs max_len"):  # never the micro-batch's width T
+        aggregate_loss(loss, M, "seq-mean-token-sum-norm")
     assert aggregate_loss(loss, M, "token-mean", normalizer=10).item() == pytest.approx(16 / 10)
     with pytest.raises(ValueError, match="valid modes: token-mean"):
         aggregate_loss(loss, M, "mean")
@@ -98,6 +99,22 @@ def test_kl_estimators_hand_computed():
         kl_estimate(logp, ref, "k4")
 
 
+def test_k3_plus_has_k3s_value_and_k2s_gradient():
+    """k2's gradient is (log p - log q) grad log p (the reverse KL's, in expectation); k3's is (1 - q/p) grad log p
+    (the forward KL's); k3+ reports k3 and back-propagates k2."""
+    ref = torch.tensor([[-1.0, -2.0, -0.5]])
+    grads = {}
+    for kind in ("k2", "k3", "k3+"):
+        logp = torch.tensor([[-0.5, -2.5, -0.5]], requires_grad=True)
+        value = kl_estimate(logp, ref, kind)
+        value.sum().backward()
+        grads[kind] = (value.detach(), logp.grad)
+    diff = torch.tensor([[0.5, -0.5, 0.0]])
+    assert torch.allclose(grads["k2"][1], diff)  # d/dlogp 1/2 diff^2
+    assert torch.allclose(grads["k3"][1], 1 - torch.exp(-diff))  # d/dlogp (e^-diff - 1 + diff)
+    assert torch.equal(grads["k3+"][0], grads["k3"][0]) and torch.allclose(grads["k3+"][1], grads["k2"][1])
+
+
 def test_k3_is_clamped_not_inf():
     logp = torch.tensor([[-100.0, 0.0]])
     ref = torch.tensor([[0.0, -100.0]])
@@ -109,3 +126,9 @@ def test_registry_lists_valid_names():
     assert lookup(ADVANTAGE_ESTIMATORS, "grpo", "advantage estimator") is ADVANTAGE_ESTIMATORS["grpo"]
     with pytest.raises(ValueError, match="valid: gae, grpo, reinforce_pp, rloo"):
         lookup(ADVANTAGE_ESTIMATORS, "ppo2", "advantage estimator")
+
+
+def test_config_accepts_exactly_the_kl_estimators():
+    from algorithms.kl import KL_ESTIMATORS
+    from rlhf.config import KL_ESTIMATORS as accepted
+    assert accepted == KL_ESTIMATORS

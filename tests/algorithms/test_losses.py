@@ -87,12 +87,31 @@ def test_dpo_label_smoothing_ipo_hinge():
     z = beta * 1.0
     expected = -0.9 * math.log(1 / (1 + math.exp(-z))) - 0.1 * math.log(1 / (1 + math.exp(z)))
     assert smooth.item() == pytest.approx(expected)
-    ipo, _ = dpo_loss(pc, pr, rc, rr, beta, loss_type="ipo")
+    one = torch.tensor([1.0])
+    ipo, _ = dpo_loss(pc, pr, rc, rr, beta, loss_type="ipo", chosen_tokens=one, rejected_tokens=one)
     assert ipo.item() == pytest.approx((1.0 - 1 / (2 * beta)) ** 2)
+    with pytest.raises(ValueError, match="sigmoid loss only"):
+        dpo_loss(pc, pr, rc, rr, beta, loss_type="ipo", label_smoothing=0.1)
     hinge, _ = dpo_loss(pc, pr, rc, rr, beta, loss_type="hinge")
     assert hinge.item() == pytest.approx(1 - 0.5)
     with pytest.raises(ValueError, match="valid: sigmoid, ipo, hinge"):
         dpo_loss(pc, pr, rc, rr, beta, loss_type="kto")
+
+
+def test_ipo_uses_length_normalised_log_probs():
+    """A pair whose completions are the same tokens said twice (every log-prob sum doubles, the per-token means
+    stay) has the same IPO loss: (h/len - 1/(2 beta))^2 on mean log-ratios, by hand."""
+    pc, pr, rc, rr = (torch.tensor([v]) for v in (-2.0, -6.0, -3.0, -4.0))  # per-token over 2 and 4 tokens
+    beta = 0.2
+    kw = dict(beta=beta, loss_type="ipo")
+    short, _ = dpo_loss(pc, pr, rc, rr, chosen_tokens=torch.tensor([2.0]), rejected_tokens=torch.tensor([4.0]), **kw)
+    twice, _ = dpo_loss(2 * pc, 2 * pr, 2 * rc, 2 * rr, chosen_tokens=torch.tensor([4.0]),
+                        rejected_tokens=torch.tensor([8.0]), **kw)
+    h = (-2.0 + 3.0) / 2 - (-6.0 + 4.0) / 4  # 0.5 + 0.5
+    assert short.item() == pytest.approx((h - 1 / (2 * beta)) ** 2)
+    assert twice.item() == pytest.approx(short.item())
+    with pytest.raises(ValueError, match="needs chosen_tokens"):
+        dpo_loss(pc, pr, rc, rr, **kw)
 
 
 def test_bradley_terry():
