@@ -6,10 +6,11 @@ from typing import Optional
 
 import torch
 
-from actors.ds_model import DTYPES, DSModel
+from actors.ds_model import DSModel
 from algorithms.ppo import value_loss
-from rlhf.batch import Batch
-from rlhf.config import AlgorithmConfig, TrainerConfig
+from common.batch import Batch
+from common.dtypes import DTYPES
+from common.options import AlgorithmConfig, TrainerConfig
 
 
 def _values(mb: Batch, out) -> torch.Tensor:

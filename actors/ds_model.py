@@ -12,10 +12,9 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from rlhf.batch import Batch, length_grouped, map_grouped, split_batch
-from rlhf.config import TrainerConfig
+from common.batch import Batch, length_grouped, map_grouped, split_batch
+from common.options import TrainerConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
 
@@ -165,7 +164,7 @@ class DSModel:
         return out
 
     def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str, unit: int = 1) -> dict[str, float]:
-        """Forward/backward over length-grouped micro-batches of `mini` (rlhf.batch.length_grouped: rows in `unit`s;
+        """Forward/backward over length-grouped micro-batches of `mini` (common.batch.length_grouped: rows in `unit`s;
         each micro-batch's `row` holds its rows' positions in `mini`), then one optimizer step.
 
         Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the

@@ -7,9 +7,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from actors.dist import node_address
-from actors.remote import make_actor, ray_get
-from rlhf.batch import Batch, split_batch
+from common.batch import Batch, split_batch
+from common.net import node_address
+from common.remote import make_actor, ray_get
 
 
 class ActorGroup:

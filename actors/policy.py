@@ -9,16 +9,17 @@ from typing import Iterator, Optional
 
 import torch
 
-from actors.dist import node_address
-from actors.ds_model import DTYPES, DSModel
+from actors.ds_model import DSModel
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
 from algorithms.logprobs import entropy_from_logits, token_logprobs
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
-from rlhf.batch import Batch, scatter_rows, sequence_logprobs
-from rlhf.config import AlgorithmConfig, LoraConfig, TrainerConfig
+from common.batch import Batch, scatter_rows, sequence_logprobs
+from common.dtypes import DTYPES
+from common.net import node_address
+from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
 from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
 
 
@@ -111,7 +112,7 @@ class PolicyTrainer:
         return self._step_logprobs
 
     def dpo_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
-        """One optimizer step of DPO on interleaved pairs (see rlhf.batch.pack_pairs); rows also hold ref_logps (B,),
+        """One optimizer step of DPO on interleaved pairs (see common.batch.pack_pairs); rows also hold ref_logps (B,),
         the reference model's summed completion log-probs."""
         def loss_fn(mb: Batch, out, normalizer: float):
             logps = sequence_logprobs(_shifted_logprobs(mb, out), mb["loss_mask"])

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from actors.ds_model import DTYPES
 from algorithms.logprobs import token_logprobs
-from rlhf.batch import Batch, map_grouped
+from common.batch import Batch, map_grouped
+from common.dtypes import DTYPES
 
 
 class ReferenceModel:

@@ -6,10 +6,11 @@ from typing import Optional
 
 import torch
 
-from actors.ds_model import DTYPES, DSModel
+from actors.ds_model import DSModel
 from algorithms.reward import bradley_terry_loss
-from rlhf.batch import Batch, map_grouped
-from rlhf.config import TrainerConfig
+from common.batch import Batch, map_grouped
+from common.dtypes import DTYPES
+from common.options import TrainerConfig
 
 
 def _load(model_path: str, dtype: str, trust_remote_code: bool):
@@ -52,7 +53,7 @@ class RewardModel:
         return scores
 
     def rm_step(self, batch: Batch) -> dict[str, float]:
-        """One optimizer step of the Bradley-Terry loss on interleaved pairs (rlhf.batch.pack_pairs)."""
+        """One optimizer step of the Bradley-Terry loss on interleaved pairs (common.batch.pack_pairs)."""
         def loss_fn(mb: Batch, out, normalizer: float):
             scores = out.logits[:, 0].float()
             loss, m = bradley_terry_loss(scores[0::2], scores[1::2])

@@ -99,7 +99,7 @@ class TrainBench:
 def train_rows(path: str, args, vocab: int, gpu: dict) -> list[dict]:
     import ray
 
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     rows = []
     for stage in (2, 3):
         bench = make_actor(TrainBench, f"zero-{stage}", gpu, path, stage, args.dtype, args.batch, args.micro)
@@ -118,7 +118,7 @@ def ipc_row(path: str, args) -> dict:
 
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
-    from actors.remote import ray_get
+    from common.remote import ray_get
     from rlhf.placement import Placement
     from rollout.group import RolloutGroup, ipc_weights, setup_ipc
     from rollout.hf_engine import HFEngine
@@ -161,7 +161,7 @@ def _nccl_sync_group(timeout_s: float) -> bool:
     """A one-rank NCCL sync group built with its timeout (review finding 14) broadcasts a bucket."""
     import torch
 
-    from actors.dist import free_port
+    from common.net import free_port
     from rollout.weight_sync import SyncGroup
     group = SyncGroup("127.0.0.1", free_port(), 0, 1, timeout_s=timeout_s)
     buf = torch.arange(8, dtype=torch.uint8, device=group.device or "cpu")
@@ -173,7 +173,7 @@ def rule_rows(gpu: dict) -> list[dict]:
     """Review findings whose rule needs a real CUDA runtime: each row is one check and what it found."""
     import ray
 
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     rows = []
     hidden = make_actor(_Probe, "no-GPU probe", {})
     rows.append({"finding": "3: an actor asking no GPU sees none",

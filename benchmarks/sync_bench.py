@@ -37,7 +37,7 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     import ray
 
     from actors.policy import PolicyTrainer
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup, broadcast_weights, ipc_weights, setup_broadcast, setup_ipc
     from rollout.weight_sync import plan_buckets

@@ -61,7 +61,7 @@ def main() -> None:
     import ray
 
     from actors.policy import PolicyTrainer
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup, broadcast_weights, ipc_weights, setup_broadcast, setup_ipc
     from rollout.weight_sync import plan_buckets

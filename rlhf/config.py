@@ -11,8 +11,9 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from common.errors import UserError
+from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
-from rlhf.errors import UserError
 from rlhf.tasks import TASKS
 from rollout.rewards import BUILTIN as BUILTIN_REWARDS
 
@@ -47,17 +48,6 @@ class TinyModelConfig:
 
 
 @dataclass
-class LoraConfig:
-    """PEFT LoRA on the policy; rank 0 = full fine-tuning. The reference model is then the policy with its
-    adapter disabled (no second copy)."""
-
-    rank: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-
-
-@dataclass
 class ModelConfig:
     path: Optional[str] = None  # a local Hugging Face folder; unset = build the tiny model into <output_dir>
     dtype: str = "float32"
@@ -85,56 +75,12 @@ class DataConfig:
 
 
 @dataclass
-class TrainerConfig:
-    lr: float = 1e-3
-    batch_size: int = 32  # sequences per optimizer step, over all ranks
-    micro_batch_size: int = 8  # sequences per forward pass on one rank
-    max_steps: int = 100
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    zero_stage: int = 0
-    world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
-    max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
-    offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
-
-
-@dataclass
 class PlacementConfig:
     mode: str = "colocate"  # colocate: all roles share the GPUs | split: each role its own GPUs
     num_gpus: int = 0  # 0 = CPU only (no GPU requests)
     # copies of the reference model, each scoring a share of the rows; null = one beside every trainer rank when
     # colocated on GPUs (no extra GPU), else 1 (under split each copy takes a whole GPU)
     reference_ranks: Optional[int] = None
-
-
-@dataclass
-class AlgorithmConfig:
-    """On-policy RL (stage: rl)."""
-
-    name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo
-    kl_coef: float = 0.0  # 0 = no reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient); see algorithms/kl.py
-    kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: Optional[float] = None
-    tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
-    loss_agg: str = "token-mean"
-    # seq-mean-token-sum-norm's constant (Dr. GRPO divides each sequence's token sum by the generation budget);
-    # null = rollout.max_new_tokens
-    loss_norm_len: Optional[int] = None
-    ppo_epochs: int = 1
-    scale_by_std: bool = True  # grpo; false = Dr. GRPO
-    gamma: float = 1.0  # ppo (GAE) and reinforce_pp discount
-    lam: float = 0.95  # ppo: GAE lambda
-    critic_lr: float = 1e-4  # ppo: the critic's learning rate (other trainer settings are shared)
-    value_clip: float = 0.2  # ppo: clip range of the value loss
-    beta: float = 0.1  # dpo: strength of the implicit KL constraint
-    dpo_loss: str = "sigmoid"  # dpo: sigmoid | ipo | hinge
-    label_smoothing: float = 0.0  # dpo (sigmoid): assumed fraction of flipped labels
-    dpo_nll_coef: float = 0.0  # dpo: + coef x per-token NLL of the chosen answer (RPO, Pang et al. 2024)
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
 
 
 @dataclass

@@ -11,7 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from rlhf.errors import UserError
+from common.errors import UserError
 
 
 def load_yaml(path: str, schema: type) -> DictConfig:

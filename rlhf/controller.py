@@ -17,13 +17,13 @@ import torch
 from algorithms import advantages as adv
 from algorithms.common import masked_mean, masked_whiten
 from algorithms.kl import kl_estimate
-from rlhf.batch import logprob_diff, samples_to_batch
+from common.batch import logprob_diff, samples_to_batch
+from common.errors import TrainingStopped
+from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
-from rlhf.errors import TrainingStopped
 from rlhf.evaluate import evaluate
 from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
-from rlhf import checkpoint
 from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
 from rlhf.placement import multiprocess_engine, seed_per_prompt
 from rlhf.tiny import ensure_model
@@ -44,7 +44,7 @@ class PhaseTimer:
 
 class RLController:
     def __init__(self, cfg: RunConfig):
-        from actors.remote import init_ray
+        from common.remote import init_ray
         if cfg.algorithm.loss_norm_len is None:  # Dr. GRPO's constant: the generation budget
             cfg = replace(cfg, algorithm=replace(cfg.algorithm, loss_norm_len=cfg.rollout.max_new_tokens))
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
@@ -388,7 +388,7 @@ class RLController:
 
 
 def run_rl(cfg: RunConfig) -> dict[str, float]:
-    from actors.remote import WorkerDied
+    from common.remote import WorkerDied
 
     controller = RLController(cfg)
     try:

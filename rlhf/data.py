@@ -6,9 +6,9 @@ import json
 import os
 from typing import Iterator, Optional
 
-from rlhf.config import DataConfig
-from rlhf.errors import UserError
+from common.errors import UserError
 from rlhf import tasks
+from rlhf.config import DataConfig
 from rollout.render import PromptRenderer, is_messages
 
 

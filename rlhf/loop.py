@@ -7,10 +7,10 @@ import os
 import time
 from typing import Callable, Optional, Protocol
 
+from common.errors import TrainingStopped
 from rlhf import checkpoint
 from rlhf.config import RunConfig, to_yaml
 from rlhf.data import BatchIterator
-from rlhf.errors import TrainingStopped
 from rlhf.metrics import MetricsLogger, read_metrics
 
 

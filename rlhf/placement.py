@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rlhf.errors import UserError
+from common.errors import UserError
 
 
 def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[list[dict], dict[str, list[tuple]]]:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from rlhf.errors import UserError
+from common.errors import UserError
 from rlhf.metrics import read_metrics
 
 PANELS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.batch import Batch, chunks, pack_pairs, sequence_logprobs
+from common.batch import Batch, chunks, pack_pairs, sequence_logprobs
 from rlhf.config import RunConfig
 from rlhf.data import BatchIterator, make_renderer, preference_rows, prompt_rows
 from rlhf.evaluate import evaluate

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from common.errors import TrainingStopped, UserError
 from rlhf.config import RunConfig, load_config, to_yaml
-from rlhf.errors import TrainingStopped, UserError
 
 
 def _stage_runner(stage: str):

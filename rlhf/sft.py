@@ -2,7 +2,7 @@
 decoding, saved as a Hugging Face folder (`<output_dir>/final`) that a later stage's `model.path` can point to."""
 from __future__ import annotations
 
-from rlhf.batch import Batch, pack_masked
+from common.batch import Batch, pack_masked
 from rlhf.config import RunConfig
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import evaluate

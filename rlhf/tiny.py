@@ -83,7 +83,7 @@ def ensure_model(path: str | None, tiny: TinyModelConfig, output_dir: str, seed:
     """The model folder to use: `path` when the user gave one, else the tiny model (built once per run dir)."""
     if path is not None:
         if not os.path.isfile(os.path.join(path, "config.json")):
-            from rlhf.errors import UserError
+            from common.errors import UserError
             raise UserError(f"model.path = {path!r}: no config.json there; point it at a local Hugging Face model "
                             "folder (e.g. the `final` folder an earlier stage wrote), or unset it to build the tiny "
                             "model")

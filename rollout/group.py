@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
-from actors.remote import WorkerDied, make_actor, ray_get
-from rlhf.errors import UserError
+from common.errors import UserError
+from common.remote import WorkerDied, make_actor, ray_get
 from rollout.engine import Sample, SamplingConfig
 
 

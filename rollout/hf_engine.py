@@ -15,7 +15,7 @@ class HFEngine:
                  batch_size: int = 64, **_ignored_vllm_options):
         from transformers import AutoModelForCausalLM
 
-        from actors.ds_model import DTYPES
+        from common.dtypes import DTYPES
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
                                                      trust_remote_code=trust_remote_code)
         device = "cuda" if torch.cuda.is_available() else "cpu"

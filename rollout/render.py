@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence, Union
 
-from rlhf.errors import UserError
+from common.errors import UserError
 
 Messages = list[dict]
 Prompt = Union[str, Messages]

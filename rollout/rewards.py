@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Sequence
 
-from rlhf.errors import UserError
+from common.errors import UserError
 
 RewardFn = Callable[..., list]
 

@@ -9,7 +9,7 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from actors.dist import cache_root
+from common.net import cache_root
 from rollout.engine import Sample, SamplingConfig
 from rollout.render import render_prompts
 from rollout.sleep import SleepState

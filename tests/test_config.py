@@ -1,8 +1,8 @@
 """Config loading: defaults, overrides, and every kind of bad input ending in a clear UserError / exit code 2."""
 import pytest
 
+from common.errors import UserError
 from rlhf.config import RunConfig, load_config, validate
-from rlhf.errors import UserError
 from tests.conftest import run_cli
 
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from common.errors import UserError
 from rlhf.config import DataConfig
 from rlhf.data import BatchIterator, load_records, preference_rows, prompt_rows
-from rlhf.errors import UserError
 from rlhf.tasks import make_preference_rows, make_rows
 from rollout.rewards import add_reward, load_reward_fn, resolve_reward_fn, score, sort_reward
 

@@ -2,7 +2,7 @@
 not); an unsatisfiable request is a clear error, not a hang."""
 import pytest
 
-from rlhf.errors import UserError
+from common.errors import UserError
 from rlhf.placement import Placement, plan_placement, reference_ranks, seed_per_prompt, sync_channel
 
 
@@ -46,7 +46,7 @@ class Where:
 
 
 def gpus_by_role(placement, roles):
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     actors = {r: [make_actor(Where, r, o) for o in placement.options[r]] for r in roles}
     out = {r: ray_get([a.gpu.remote() for a in acts], 60, [r] * len(acts)) for r, acts in actors.items()}
     return out

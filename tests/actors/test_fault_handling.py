@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from actors.policy import PolicyTrainer
+from common.errors import TrainingStopped
 from rlhf.config import AlgorithmConfig, TrainerConfig
-from rlhf.errors import TrainingStopped
 from rlhf.loop import BadStepGuard
 from tests.actors.test_trainer_group import sft_batches
 

@@ -3,7 +3,7 @@ score equals scoring it alone, in the input order."""
 import torch
 
 from actors.reward_model import RewardModel
-from rlhf.batch import pack_sequences
+from common.batch import pack_sequences
 
 
 def test_scores_do_not_depend_on_grouping_or_padding(tiny_model_dir):

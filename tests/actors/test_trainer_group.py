@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from actors.group import ActorGroup
-from actors.remote import WorkerDied
 from algorithms.sft import sft_loss
+from common.remote import WorkerDied
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
-from rollout.render import PromptRenderer
 from rlhf.tasks import make_rows
+from rollout.render import PromptRenderer
 
 LR = 1e-3  # AdamW amplifies reduction-order rounding on near-zero grads: ~1.5e-6 here, ~1.5e-5 at 1e-2
 
@@ -68,7 +68,7 @@ def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
     token, as one model scoring every row in-process."""
     from actors.group import Replicas
     from actors.reference import ReferenceModel
-    from rlhf.batch import pack_sequences
+    from common.batch import pack_sequences
 
     batch = pack_sequences([[20, 21, 22]] * 5, [[5, 6], [5, 6, 7, 8, 9], [5], [7, 8, 9], [9, 9]], pad_id=0)
     copies = Replicas(ReferenceModel, "reference model", [{}, {}], tiny_model_dir)

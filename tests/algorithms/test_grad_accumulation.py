@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from algorithms.ppo import policy_loss
-from actors.dist import free_port
+from common.net import free_port
 
 
 def make_problem(seed: int = 0):

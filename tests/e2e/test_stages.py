@@ -80,7 +80,7 @@ def test_grpo_lora_syncs_only_the_adapter(sft_model, tmp_path):
 
 
 def _free_port() -> int:
-    from actors.dist import free_port
+    from common.net import free_port
     return free_port()
 
 

@@ -20,9 +20,9 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from ray.cluster_utils import Cluster
 
     from actors.policy import PolicyTrainer
-    from actors.remote import make_actor, ray_get
+    from common.errors import UserError
+    from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rlhf.errors import UserError
     from rlhf.placement import sync_channel
     from rollout.group import RolloutGroup, setup_sync, sync_weights
     from rollout.weight_sync import plan_buckets

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from algorithms.logprobs import token_logprobs
-from rlhf.batch import logprob_diff, samples_to_batch
+from common.batch import logprob_diff, samples_to_batch
 from rollout.engine import SamplingConfig
 from rollout.hf_engine import HFEngine
 
@@ -36,7 +36,7 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
 @pytest.mark.slow
 def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_model_dir):
     from actors.policy import PolicyTrainer
-    from actors.remote import make_actor, ray_get
+    from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup, ipc_weights, setup_ipc
     from rollout.weight_sync import plan_buckets

@@ -3,8 +3,8 @@ writes <s> itself, with two eos ids), and the tiny model's ChatML. Every stage's
 import pytest
 
 from benchmarks.foreign_checkpoint import build_foreign_model
-from rlhf.batch import pack_pairs
-from rlhf.errors import UserError
+from common.batch import pack_pairs
+from common.errors import UserError
 from rlhf.preference import tokenize_pairs
 from rlhf.sft import tokenize_sft
 from rollout.render import PromptRenderer

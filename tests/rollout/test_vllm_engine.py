@@ -5,14 +5,14 @@ from dataclasses import replace
 
 import pytest
 
-from actors.remote import make_actor, ray_get
-from rlhf.batch import logprob_diff, samples_to_batch
+from common.batch import logprob_diff, samples_to_batch
+from common.remote import make_actor, ray_get
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
 from rlhf.tasks import make_rows
 from rollout.engine import SamplingConfig
-from rollout.render import PromptRenderer
 from rollout.group import RolloutGroup, broadcast_weights, setup_broadcast
+from rollout.render import PromptRenderer
 from rollout.weight_sync import plan_buckets
 
 T = 300

@@ -5,7 +5,7 @@ import os
 import torch
 import torch.multiprocessing as mp
 
-from actors.dist import free_port
+from common.net import free_port
 from rollout.weight_sync import (SyncGroup, TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, pack_bucket,
                                  plan_buckets, receive_weights, send_weights, spec_of, unpack_bucket)
 

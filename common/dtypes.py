@@ -1,0 +1,4 @@
+"""Config dtype names -> torch dtypes."""
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
