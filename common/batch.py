@@ -42,18 +42,6 @@ def split_batch(batch: Batch, n_chunks: int) -> list[Batch]:
     return [{k: v[i * size:(i + 1) * size] for k, v in batch.items()} for i in range(n_chunks)]
 
 
-def concat_batches(batches: Sequence[Batch]) -> Batch:
-    """Inverse of split_batch (right-pads dim 1 where widths differ, with 0/False)."""
-    out = {}
-    for key in batches[0]:
-        parts = [b[key] for b in batches]
-        width = max(p.shape[1] for p in parts) if parts[0].dim() > 1 else None
-        if width is not None:
-            parts = [torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]
-        out[key] = torch.cat(parts)
-    return out
-
-
 def samples_to_batch(samples, pad_id: int) -> Batch:
     """Pack rollout samples like pack_sequences, plus `rollout_logprobs` (B, L-1) aligned with the shifted targets
     (zero outside loss_mask)."""

@@ -328,8 +328,10 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         bad("algorithm.dual_clip", a.dual_clip, "must be > 1 (e.g. 3.0), or null to disable")
     if a.tis_cap is not None and a.tis_cap <= 0:
         bad("algorithm.tis_cap", a.tis_cap, "must be > 0 (e.g. 2.0), or null to disable")
-    if a.name in ("grpo", "rloo") and r.n_samples < 2:
-        bad("rollout.n_samples", r.n_samples, f"{a.name} compares samples of the same prompt: use >= 2")
+    from algorithms.estimators import ESTIMATORS
+    if a.name in ESTIMATORS and r.n_samples < ESTIMATORS[a.name].min_group_size:
+        bad("rollout.n_samples", r.n_samples, f"{a.name} compares samples of the same prompt (with fewer than "
+            f"{ESTIMATORS[a.name].min_group_size} every advantage is 0): use >= {ESTIMATORS[a.name].min_group_size}")
     if r.temperature < 0 or not 0 < r.top_p <= 1:
         bad("rollout.temperature/top_p", (r.temperature, r.top_p), "need temperature >= 0 and 0 < top_p <= 1")
     rollout_batch = r.prompts_per_step * r.n_samples

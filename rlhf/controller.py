@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-from algorithms import advantages as adv
-from algorithms.common import masked_mean, masked_whiten
+from algorithms.common import masked_mean
+from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
 from common.batch import logprob_diff, samples_to_batch
 from common.errors import TrainingStopped
@@ -48,6 +48,7 @@ class RLController:
         if cfg.algorithm.loss_norm_len is None:  # Dr. GRPO's constant: the generation budget
             cfg = replace(cfg, algorithm=replace(cfg.algorithm, loss_norm_len=cfg.rollout.max_new_tokens))
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
+        self.estimator = estimator(a.name)
         self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
@@ -86,7 +87,7 @@ class RLController:
         if cfg.algorithm.kl_coef > 0 and not self.lora_reference:
             ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
                                                  cfg.placement.num_gpus, cfg.trainer.world_size)
-        if cfg.algorithm.name == "ppo":
+        if self.estimator.needs_critic:
             ranks["critic"] = cfg.trainer.world_size
         if cfg.reward.model_path is not None:
             ranks["reward"] = 1
@@ -283,26 +284,17 @@ class RLController:
             "rollout/task_reward_mean": task.mean().item()}
 
     def _advantages(self, batch, rewards: torch.Tensor) -> None:
-        """Token-level advantages into batch["advantages"] (and critic targets into batch["returns"] for ppo)."""
-        a, n, mask = self.cfg.algorithm, self.cfg.rollout.n_samples, batch["loss_mask"]
+        """Token-level advantages into batch["advantages"] (and the critic's targets into batch["returns"]), by the
+        algorithm's entry in algorithms.estimators."""
+        a = self.cfg.algorithm
         kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], a.kl_estimator) \
             if "ref_logprobs" in batch and a.kl_in_reward else None
-        shaped = rewards
-        if kl is not None and a.name != "reinforce_pp":
-            shaped = rewards - a.kl_coef * (kl * mask).sum(-1)  # sequence-level penalty (RLOO paper, sec. 3)
-        if a.name == "grpo":
-            batch["advantages"] = adv.grpo(shaped, n, a.scale_by_std)[:, None] * mask
-        elif a.name == "rloo":
-            batch["advantages"] = adv.rloo(shaped, n)[:, None] * mask
-        elif a.name == "reinforce_pp":
-            batch["advantages"] = adv.reinforce_pp(rewards, mask, kl, a.kl_coef, a.gamma,
-                                                   group_size=n if n > 1 else None)
-        else:  # ppo: outcome reward at the last token (minus per-token KL), GAE on the critic's values
-            token_rewards = adv.last_token_mask(mask).float() * rewards[:, None]
-            if kl is not None:
-                token_rewards = token_rewards - a.kl_coef * kl * mask
-            advantages, batch["returns"] = adv.gae(token_rewards, batch["old_values"], mask, a.gamma, a.lam)
-            batch["advantages"] = masked_whiten(advantages, mask)
+        advantages, returns = self.estimator.fn(EstimatorInputs(
+            rewards, batch["loss_mask"], self.cfg.rollout.n_samples, kl, a.kl_coef, batch.get("old_values"), a.gamma,
+            a.lam, a.scale_by_std))
+        batch["advantages"] = advantages
+        if returns is not None:
+            batch["returns"] = returns
 
     def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
         diff = logprob_diff(batch["old_logprobs"], batch)

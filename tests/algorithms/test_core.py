@@ -9,7 +9,6 @@ import torch
 from algorithms.common import aggregate_loss, masked_mean, masked_var, masked_whiten
 from algorithms.kl import kl_estimate
 from algorithms.logprobs import entropy_from_logits, token_logprobs
-from algorithms.registry import ADVANTAGE_ESTIMATORS, lookup
 from tests.conftest import ROOT
 
 
@@ -21,7 +20,7 @@ def test_importable_without_ray_vllm_deepspeed():
             "            raise ImportError('blocked: ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
             "import algorithms.logprobs, algorithms.common, algorithms.kl, algorithms.advantages\n"
-            "import algorithms.ppo, algorithms.dpo, algorithms.reward, algorithms.sft, algorithms.registry\n"
+            "import algorithms.ppo, algorithms.dpo, algorithms.reward, algorithms.sft, algorithms.estimators\n"
             "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
@@ -120,12 +119,6 @@ def test_k3_is_clamped_not_inf():
     ref = torch.tensor([[0.0, -100.0]])
     out = kl_estimate(logp, ref, "k3")
     assert torch.isfinite(out).all() and out.max().item() == 10.0
-
-
-def test_registry_lists_valid_names():
-    assert lookup(ADVANTAGE_ESTIMATORS, "grpo", "advantage estimator") is ADVANTAGE_ESTIMATORS["grpo"]
-    with pytest.raises(ValueError, match="valid: gae, grpo, reinforce_pp, rloo"):
-        lookup(ADVANTAGE_ESTIMATORS, "ppo2", "advantage estimator")
 
 
 def test_config_accepts_exactly_the_kl_estimators():
