@@ -201,7 +201,18 @@ def validate(cfg: RunConfig) -> list[str]:
             bad(key, value, "must be > 0")
 
     choice("stage", cfg.stage, STAGES)
-    m, t, d, tr = cfg.model, cfg.model.tiny, cfg.data, cfg.trainer
+    for part in (_validate_model, _validate_trainer, _validate_outputs):
+        part(cfg, bad, choice, positive)
+    _validate_data(cfg.data, bad, choice, positive)
+    if cfg.stage == "rl":
+        _validate_rl(cfg, bad, choice, positive)
+    if cfg.stage in ("dpo", "rm"):
+        _validate_preference(cfg, bad, choice, positive)
+    return p
+
+
+def _validate_model(cfg: RunConfig, bad, choice, positive) -> None:
+    m, t = cfg.model, cfg.model.tiny
     choice("model.dtype", m.dtype, DTYPES)
     choice("model.tiny.arch", t.arch, ARCHS)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
@@ -214,7 +225,10 @@ def validate(cfg: RunConfig) -> list[str]:
             f"(hidden_size / num_heads), which vLLM cannot run; choose one of {VLLM_HEAD_DIMS}")
     if t.num_kv_heads > 0 and t.num_heads % t.num_kv_heads:
         bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
-    _validate_data(d, bad, choice, positive)
+
+
+def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
+    tr = cfg.trainer
     for name in ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip"):
         positive(f"trainer.{name}", getattr(tr, name))
     if tr.warmup_steps < 0 or tr.weight_decay < 0 or tr.max_bad_steps < 0:
@@ -242,8 +256,9 @@ def validate(cfg: RunConfig) -> list[str]:
     if tr.offload and tr.zero_stage == 3 and cfg.placement.num_gpus == 0:
         bad("trainer.offload", True, "ZeRO-3 offloads only with DeepSpeed's FusedAdam, a GPU op; on CPU there is "
             "nothing to free anyway: set offload=false (or zero_stage 1-2)")
-    if cfg.stage == "rl":
-        _validate_rl(cfg, bad, choice, positive)
+
+
+def _validate_preference(cfg: RunConfig, bad, choice, positive) -> None:
     if cfg.stage == "dpo":
         choice("algorithm.dpo_loss", cfg.algorithm.dpo_loss, ("sigmoid", "ipo", "hinge"))
         positive("algorithm.beta", cfg.algorithm.beta)
@@ -251,10 +266,14 @@ def validate(cfg: RunConfig) -> list[str]:
             bad("algorithm.label_smoothing", cfg.algorithm.label_smoothing, "must be in [0, 0.5)")
         if cfg.algorithm.label_smoothing and cfg.algorithm.dpo_loss != "sigmoid":
             bad("algorithm.label_smoothing", cfg.algorithm.label_smoothing, "applies to dpo_loss=sigmoid only (ipo "
-                f"and hinge have no label noise term); set it to 0 or dpo_loss=sigmoid")
-    if cfg.stage in ("dpo", "rm") and tr.micro_batch_size % 2:
-        bad("trainer.micro_batch_size", tr.micro_batch_size, "counts sequences and must be even for preference "
-            "pairs (chosen and rejected stay in the same micro-batch)")
+                "and hinge have no label noise term); set it to 0 or dpo_loss=sigmoid")
+    if cfg.trainer.micro_batch_size % 2:
+        bad("trainer.micro_batch_size", cfg.trainer.micro_batch_size, "counts sequences and must be even for "
+            "preference pairs (chosen and rejected stay in the same micro-batch)")
+
+
+def _validate_outputs(cfg: RunConfig, bad, choice, positive) -> None:
+    """The reward function's name, evaluation, logging and checkpoint settings."""
     fn = cfg.reward.fn
     if fn is not None and fn not in REWARD_NAMES and (fn.count(":") != 1 or not all(fn.split(":"))):
         bad("reward.fn", fn, f"write it as 'package.module:function', or name a built-in reward: "
@@ -273,7 +292,6 @@ def validate(cfg: RunConfig) -> list[str]:
     positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.checkpoint.every < 0:
         bad("checkpoint.every", cfg.checkpoint.every, "must be >= 0 (0 = only at the end)")
-    return p
 
 
 def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
@@ -293,23 +311,7 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     if r.overlap and cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
         bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
             "placement.mode=split or rollout.overlap=false")
-    pl = cfg.placement
-    from rlhf.placement import cuda_ipc_reaches
-    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
-                                                                            cfg.trainer.world_size):
-        bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
-            "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
-    full_sync = not (cfg.model.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter")
-    gpu_colocated = pl.num_gpus > 0 and pl.mode == "colocate"
-    if full_sync and gpu_colocated and (r.sync_channel == "broadcast" or (
-            r.sync_channel == "auto" and not cuda_ipc_reaches(pl.mode, r.num_engines, cfg.trainer.world_size))):
-        bad("rollout.sync_channel", r.sync_channel, "would broadcast over NCCL, which refuses two ranks on one GPU "
-            "(colocated, engine 0 shares GPU 0 with trainer rank 0): use sync_channel=auto/ipc with "
-            f"rollout.num_engines <= trainer.world_size = {cfg.trainer.world_size} (CUDA IPC), or "
-            "placement.mode=split")
-    if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
-        bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
-            "rollout.lora_sync=merged")
+    _validate_sync(cfg, bad)
     for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
                        ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
@@ -338,6 +340,28 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     if cfg.trainer.batch_size > 0 and rollout_batch % cfg.trainer.batch_size:
         bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step x "
             f"rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
+
+
+def _validate_sync(cfg: RunConfig, bad) -> None:
+    """The weight-sync channel against the placement (what NCCL and CUDA IPC can and cannot do)."""
+    r = cfg.rollout
+    pl = cfg.placement
+    from rlhf.placement import cuda_ipc_reaches
+    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
+                                                                            cfg.trainer.world_size):
+        bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
+            "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
+    full_sync = not (cfg.model.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter")
+    gpu_colocated = pl.num_gpus > 0 and pl.mode == "colocate"
+    if full_sync and gpu_colocated and (r.sync_channel == "broadcast" or (
+            r.sync_channel == "auto" and not cuda_ipc_reaches(pl.mode, r.num_engines, cfg.trainer.world_size))):
+        bad("rollout.sync_channel", r.sync_channel, "would broadcast over NCCL, which refuses two ranks on one GPU "
+            "(colocated, engine 0 shares GPU 0 with trainer rank 0): use sync_channel=auto/ipc with "
+            f"rollout.num_engines <= trainer.world_size = {cfg.trainer.world_size} (CUDA IPC), or "
+            "placement.mode=split")
+    if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
+        bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
+            "rollout.lora_sync=merged")
 
 
 def _validate_data(d: DataConfig, bad, choice, positive) -> None:

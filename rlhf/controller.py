@@ -25,7 +25,7 @@ from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import evaluate
 from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
 from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
-from rlhf.placement import multiprocess_engine, seed_per_prompt
+from rlhf.placement import seed_per_prompt
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score_rows
@@ -72,69 +72,22 @@ class RLController:
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
 
     def _start_workers(self) -> None:
-        from actors.critic import Critic
-        from actors.group import ActorGroup, Replicas
-        from actors.policy import PolicyTrainer
-        from actors.reference import ReferenceModel
-        from actors.reward_model import RewardModel
-        from rlhf.placement import Placement, reference_ranks, sync_channel
-        from rollout.group import RolloutGroup
+        from rlhf.placement import sync_channel
+        from rlhf.workers import start_workers
         from rollout.weight_sync import plan_buckets
 
-        cfg, r, m = self.cfg, self.cfg.rollout, self.cfg.model
-        ranks = {"policy": cfg.trainer.world_size, "rollout": r.num_engines}
-        self.lora_reference = cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank > 0  # adapter off = reference
-        if cfg.algorithm.kl_coef > 0 and not self.lora_reference:
-            ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
-                                                 cfg.placement.num_gpus, cfg.trainer.world_size)
-        if self.estimator.needs_critic:
-            ranks["critic"] = cfg.trainer.world_size
-        if cfg.reward.model_path is not None:
-            ranks["reward"] = 1
-        start = time.perf_counter()
-        self.placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
-        common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
-        self.policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size,
-                                 self.placement.options["policy"], model_path=self.model_path, tr=cfg.trainer,
-                                 seed=cfg.seed, lora=cfg.model.lora, **common)
-        self.critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, self.placement.options["critic"],
-                                  model_path=self.model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
-                                  seed=cfg.seed, **common) if "critic" in ranks else None)
-        self.reward_model = (Replicas(RewardModel, "reward model", self.placement.options["reward"],
-                                      ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed),
-                                      **common) if "reward" in ranks else None)
-        self.reference = (Replicas(ReferenceModel, "reference model", self.placement.options["reference"],
-                                   self.model_path, **common) if "reference" in ranks else None)
-        # LoRA with vLLM: engines keep the base weights and apply the adapter themselves; only the adapter is synced.
-        adapter_sync = m.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter"
-        if r.engine == "vllm":
-            from rollout.vllm_engine import VLLMEngine as engine_cls
-            engine_kwargs = dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
-                                 multiprocess=multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
-                                 gpu_memory_utilization=r.gpu_memory_utilization,
-                                 enable_sleep=self.placement.pg is not None and cfg.placement.mode == "colocate",
-                                 max_lora_rank=m.lora.rank if adapter_sync else 0,
-                                 # a full sync rewrites every weight: nothing to keep while asleep (level 2)
-                                 sleep_level=1 if adapter_sync else 2)
-        else:
-            from rollout.hf_engine import HFEngine as engine_cls
-            engine_kwargs = {}
-        # vLLM counts what the GPU allocates during its start-up profiling as its own: every other model must be
-        # loaded first, or a reference model loading meanwhile shrinks the KV cache (groups wait already).
-        for scorer in (self.reward_model, self.reference):
-            if scorer is not None:
-                scorer.ready()
+        cfg, r = self.cfg, self.cfg.rollout
+        w = start_workers(cfg, self.model_path, self.estimator.needs_critic)
+        self.placement, self.policy, self.critic, self.reference, self.reward_model = \
+            w.placement, w.policy, w.critic, w.reference, w.reward_model
+        self.rollout, self.lora_reference, self.startup = w.rollout, w.lora_reference, w.startup
         engines_start = time.perf_counter()
-        self.startup = {"time/start_trainers": engines_start - start}  # logged with step 0
-        self.rollout = RolloutGroup.create(r.num_engines, dict(model_path=self.model_path, **common, **engine_kwargs),
-                                           self.placement.options["rollout"], engine_cls,
-                                           max_restarts=r.max_engine_restarts)
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
-        self.channel = "adapter" if adapter_sync else sync_channel(
+        self.channel = "adapter" if w.adapter_sync else sync_channel(
             r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines, cfg.trainer.world_size)
         self._setup_sync()
         print(f"weight sync: {self.channel}", flush=True)
-        self.startup["time/start_engines"] = time.perf_counter() - engines_start
+        self.startup["time/start_engines"] += time.perf_counter() - engines_start
         if r.max_engine_restarts > 0:
             self.rollout.on_restart = self._engine_restarted
 

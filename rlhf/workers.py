@@ -1,0 +1,92 @@
+"""Starting an RL run's workers: which roles it needs and how many ranks each (`role_ranks`), where they go
+(`rlhf.placement`), and the Ray actors themselves (`start_workers`), in the order a shared GPU needs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from rlhf.config import RunConfig
+from rlhf.placement import Placement, multiprocess_engine, reference_ranks
+from rlhf.tiny import ensure_model
+
+
+@dataclass
+class Workers:
+    placement: Placement
+    policy: Any  # ActorGroup of PolicyTrainer
+    critic: Optional[Any]  # ActorGroup of Critic (ppo)
+    reference: Optional[Any]  # Replicas of ReferenceModel (kl_coef > 0 without LoRA)
+    reward_model: Optional[Any]  # Replicas of RewardModel (reward.model_path)
+    rollout: Any  # RolloutGroup
+    lora_reference: bool  # the reference is the policy with its adapter off
+    adapter_sync: bool  # LoRA with vLLM: only the adapter is synced
+    startup: dict[str, float]
+
+
+def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
+    ranks = {"policy": cfg.trainer.world_size, "rollout": cfg.rollout.num_engines}
+    if cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank == 0:
+        ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
+                                             cfg.placement.num_gpus, cfg.trainer.world_size)
+    if needs_critic:
+        ranks["critic"] = cfg.trainer.world_size
+    if cfg.reward.model_path is not None:
+        ranks["reward"] = 1
+    return ranks
+
+
+def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tuple[type, dict]:
+    """The engine class and its arguments (besides the model)."""
+    r = cfg.rollout
+    if r.engine != "vllm":
+        from rollout.hf_engine import HFEngine
+        return HFEngine, {}
+    from rollout.vllm_engine import VLLMEngine
+    return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
+                            multiprocess=multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
+                            gpu_memory_utilization=r.gpu_memory_utilization,
+                            enable_sleep=placement.pg is not None and cfg.placement.mode == "colocate",
+                            max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
+                            # a full sync rewrites every weight: nothing to keep while asleep (level 2)
+                            sleep_level=1 if adapter_sync else 2)
+
+
+def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
+    """Trainers and scorers start together; the engines only once every other model is loaded: vLLM counts what
+    the GPU allocates during its start-up profiling as its own, so a reference model loading meanwhile would
+    shrink its KV cache."""
+    from actors.critic import Critic
+    from actors.group import ActorGroup, Replicas
+    from actors.policy import PolicyTrainer
+    from actors.reference import ReferenceModel
+    from actors.reward_model import RewardModel
+    from rollout.group import RolloutGroup
+
+    m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
+    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
+    common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
+                        model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=m.lora, **common)
+    critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
+                         model_path=model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
+                         seed=cfg.seed, **common) if "critic" in ranks else None)
+    reward_model = (Replicas(RewardModel, "reward model", placement.options["reward"],
+                             ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
+                    if "reward" in ranks else None)
+    reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path, **common)
+                 if "reference" in ranks else None)
+    for scorer in (reward_model, reference):  # (ActorGroups wait for their ranks already)
+        if scorer is not None:
+            scorer.ready()
+    engines_start = time.perf_counter()
+    adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
+    engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)
+    rollout = RolloutGroup.create(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
+                                  placement.options["rollout"], engine_cls,
+                                  max_restarts=cfg.rollout.max_engine_restarts)
+    startup = {"time/start_trainers": engines_start - start,  # logged with step 0
+               "time/start_engines": time.perf_counter() - engines_start}
+    return Workers(placement, policy, critic, reference, reward_model, rollout,
+                   lora_reference=cfg.algorithm.kl_coef > 0 and m.lora.rank > 0, adapter_sync=adapter_sync,
+                   startup=startup)
