@@ -56,13 +56,46 @@ def plain_enums(obj):
     return obj
 
 
+class SkippableStep:
+    """Mixed into the torch optimizer DeepSpeed wraps: while `skip` is set, `step()` leaves every parameter and
+    moment as it is, so a bad update can be dropped on every rank while DeepSpeed's own step (its counters, the
+    gradient clearing) still runs. DeepSpeed has no hook for this; the optimizer is ours, so it is built with it."""
+
+    skip = False
+
+    def step(self, *args, **kwargs):
+        if self.skip:
+            return None
+        return super().step(*args, **kwargs)
+
+
+def _skippable(cls: type) -> type:
+    return type(f"Skippable{cls.__name__}", (SkippableStep, cls), {})
+
+
 def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
     """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
     (trainer.offload) only for its FusedAdam, a CUDA op built on first use."""
     if tr.offload and tr.zero_stage == 3 and torch.cuda.is_available():
         from deepspeed.ops.adam import FusedAdam
-        return FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True)
-    return torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay)
+        return _skippable(FusedAdam)(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True)
+    return _skippable(torch.optim.AdamW)(params, lr=tr.lr, weight_decay=tr.weight_decay)
+
+
+def restricted_checkpoint_engine(config):
+    """DeepSpeed's torch checkpoint engine with our two changes: saved states have plain ints for enums, loads
+    are weights-only (`restricted_load`). DeepSpeed picks its engine from a fixed list (no hook for a class of
+    our own), so the engine object it made is replaced by this subclass after `deepspeed.initialize`."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    class RestrictedCheckpointEngine(TorchCheckpointEngine):
+        def save(self, state_dict, path: str):
+            return super().save(plain_enums(state_dict), path)
+
+        def load(self, path: str, map_location=None):
+            return restricted_load(path, map_location)
+
+    return RestrictedCheckpointEngine(config)
 
 
 @contextmanager
@@ -105,9 +138,7 @@ class DSModel:
         self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=config)
-        save = self.engine.checkpoint_engine.save
-        self.engine.checkpoint_engine.save = lambda state_dict, path: save(plain_enums(state_dict), path)
-        self.engine.checkpoint_engine.load = restricted_load
+        self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
         self.device, self.offloaded = self.engine.device, False
 
     @property
@@ -220,17 +251,16 @@ class DSModel:
     @contextmanager
     def _suppressed_update(self, skip: bool):
         """While `skip`, DeepSpeed's step runs (its counters advance, gradients are cleared) but the wrapped torch
-        optimizer does not move, and the LR schedule is put back afterwards."""
+        optimizer does not move (SkippableStep), and the LR schedule is put back afterwards."""
         if not skip:
             yield
             return
         sched_state, lrs = self._scheduler.state_dict(), [g["lr"] for g in self._optimizer.param_groups]
-        original = self._optimizer.step  # may be the LR scheduler's counting wrapper: put back as found
-        self._optimizer.step = lambda *args, **kwargs: None
+        self._optimizer.skip = True
         try:
             yield
         finally:
-            self._optimizer.step = original
+            self._optimizer.skip = False
             self._scheduler.load_state_dict(sched_state)
             for group, lr in zip(self._optimizer.param_groups, lrs):
                 group["lr"] = lr
