@@ -20,7 +20,8 @@ from common.batch import Batch, scatter_rows, sequence_logprobs
 from common.dtypes import DTYPES
 from common.net import node_address
 from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
-from rollout.weight_sync import SyncGroup, TensorSpec, send_weights, spec_of
+from rollout.sync import WeightSender
+from rollout.weight_sync import TensorSpec, spec_of
 
 
 def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
@@ -233,32 +234,16 @@ class PolicyTrainer:
     def sync_address(self) -> tuple[str, int]:
         return node_address()
 
-    def init_sync_group(self, host: str, port: int, world_size: int) -> None:
-        """Rank 0 joins the trainer->engines sync group as its rank 0; other ranks only take part in gathers."""
-        if self.rank == 0:
-            self._sync_group = SyncGroup(host, port, 0, world_size)
+    def open_sender(self, channel: str, host: str, port: int, plan: list[list[TensorSpec]], world_size: int = 0,
+                    engines: Optional[list[int]] = None) -> dict:
+        """Join the trainer -> engines channel (rollout.sync.setup_sync) with the bucket plan every later sync
+        uses. ipc: returns the staging-buffer handles of the engines this rank feeds."""
+        self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [])
+        return self._sender.handles()
 
-    def send_weights(self, plan: list[list[TensorSpec]]) -> int:
-        if self.rank != 0:
-            _drain(self.iter_weights())
-            return 0
-        return send_weights(self._sync_group, self.iter_weights(), plan)
+    def sender_opened(self) -> None:
+        self._sender.opened()
 
-    def init_ipc(self, host: str, port: int, engines: list[int], plan: list[list[TensorSpec]]) -> dict:
-        """`ipc` channel: this rank feeds `engines` (their indices) through shared staging buffers; rank 0 hosts the
-        store. Returns each engine's buffer handles."""
-        from rollout.ipc_sync import IpcSender, connect_store
-        self._ipc_store = connect_store(host, port, is_master=self.rank == 0)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        self._ipc = IpcSender(self._ipc_store, self.rank, engines, plan, device) if engines else None
-        return self._ipc.handles() if self._ipc else {}
-
-    def ipc_opened(self) -> None:
-        if self._ipc is not None:
-            self._ipc.opened()
-
-    def send_ipc(self, plan: list[list[TensorSpec]]) -> int:
-        if self._ipc is None:  # feeds no engine
-            _drain(self.iter_weights())
-            return 0
-        return self._ipc.send(self.iter_weights(), plan)
+    def send_weights(self) -> int:
+        """This rank's part of one sync: export every weight (collective under ZeRO-3) and send it."""
+        return self._sender.send(self.iter_weights())

@@ -120,7 +120,8 @@ def ipc_row(path: str, args) -> dict:
     from actors.policy import PolicyTrainer
     from common.remote import ray_get
     from rlhf.placement import Placement
-    from rollout.group import RolloutGroup, ipc_weights, setup_ipc
+    from rollout.group import RolloutGroup
+    from rollout.sync import setup_sync, sync_weights
     from rollout.hf_engine import HFEngine
     from rollout.weight_sync import bucket_nbytes, plan_buckets
 
@@ -132,13 +133,13 @@ def ipc_row(path: str, args) -> dict:
     try:
         specs = trainers.weight_specs()
         plan = plan_buckets(specs, args.bucket_mb << 20)
-        setup_ipc(trainers.actors, group, plan)
-        ipc_weights(trainers.actors, group, plan)
-        seconds = median_time(lambda: ipc_weights(trainers.actors, group, plan), 5)
+        setup_sync("ipc", trainers.actors, group, plan)
+        sync_weights(trainers.actors, group)
+        seconds = median_time(lambda: sync_weights(trainers.actors, group), 5)
         ids = torch.randint(0, 100, (args.micro, 32))  # one update, then the engine must hold exactly its result
         trainers.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
                            "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
-        ipc_weights(trainers.actors, group, plan)
+        sync_weights(trainers.actors, group)
         sent = sum(s.nbytes for s in specs)
         want = float(sum(t.double().sum().item() for _, t in trainers.export_weights()))
         got = ray_get([group.engines[0].__ray_call__.remote(_param_sum)], 600, ["rollout engine 0"])[0]

@@ -39,7 +39,8 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     from actors.policy import PolicyTrainer
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rollout.group import RolloutGroup, broadcast_weights, ipc_weights, setup_broadcast, setup_ipc
+    from rollout.group import RolloutGroup
+    from rollout.sync import setup_sync, sync_weights
     from rollout.weight_sync import plan_buckets
 
     path = build(size)
@@ -49,12 +50,12 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     specs = ray_get([trainer.weight_specs.remote()], 600, ["trainer"])[0]
     nbytes = sum(s.nbytes for s in specs)
     plan = plan_buckets(specs, 64 << 20)
-    setup_broadcast([trainer], group)
-    broadcast_weights([trainer], group, plan)  # warm-up
-    bcast = median_time(lambda: broadcast_weights([trainer], group, plan), repeats)
-    setup_ipc([trainer], group, plan)
-    ipc_weights([trainer], group, plan)  # warm-up
-    ipc = median_time(lambda: ipc_weights([trainer], group, plan), repeats)
+    setup_sync("broadcast", [trainer], group, plan)
+    sync_weights([trainer], group)  # warm-up
+    bcast = median_time(lambda: sync_weights([trainer], group), repeats)
+    setup_sync("ipc", [trainer], group, plan)
+    sync_weights([trainer], group)  # warm-up
+    ipc = median_time(lambda: sync_weights([trainer], group), repeats)
     group.shutdown()
     ray.kill(trainer)
 

@@ -63,7 +63,8 @@ def main() -> None:
     from actors.policy import PolicyTrainer
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rollout.group import RolloutGroup, broadcast_weights, ipc_weights, setup_broadcast, setup_ipc
+    from rollout.group import RolloutGroup
+    from rollout.sync import setup_sync, sync_weights
     from rollout.weight_sync import plan_buckets
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
@@ -74,11 +75,11 @@ def main() -> None:
     specs = ray_get([trainer.weight_specs.remote()], 600, ["trainer"])[0]
     plan = plan_buckets(specs, a.bucket_mb << 20)
     if a.channel == "ipc":
-        setup_ipc([trainer], group, plan)
-        sync = lambda: ipc_weights([trainer], group, plan)  # noqa: E731
+        setup_sync("ipc", [trainer], group, plan)
+        sync = lambda: sync_weights([trainer], group)  # noqa: E731
     else:
-        setup_broadcast([trainer], group)
-        sync = lambda: broadcast_weights([trainer], group, plan)  # noqa: E731
+        setup_sync("broadcast", [trainer], group, plan)
+        sync = lambda: sync_weights([trainer], group)  # noqa: E731
     pids = group.call("process_ids")[0]
     sync()  # warm-up: first-touch allocations are not the steady state
     time.sleep(1.0)

@@ -346,7 +346,7 @@ def _validate_sync(cfg: RunConfig, bad) -> None:
     """The weight-sync channel against the placement (what NCCL and CUDA IPC can and cannot do)."""
     r = cfg.rollout
     pl = cfg.placement
-    from rlhf.placement import cuda_ipc_reaches
+    from rollout.sync import cuda_ipc_reaches
     if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
                                                                             cfg.trainer.world_size):
         bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "

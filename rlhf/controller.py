@@ -72,8 +72,8 @@ class RLController:
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
 
     def _start_workers(self) -> None:
-        from rlhf.placement import sync_channel
         from rlhf.workers import start_workers
+        from rollout.sync import sync_channel
         from rollout.weight_sync import plan_buckets
 
         cfg, r = self.cfg, self.cfg.rollout
@@ -93,7 +93,7 @@ class RLController:
 
     def _setup_sync(self) -> None:
         """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
-        from rollout.group import setup_sync
+        from rollout.sync import setup_sync
         if self.channel != "adapter":
             self.channel = setup_sync(self.channel, self.policy.actors, self.rollout, self.plan,
                                       self.cfg.rollout.sync_channel == "ipc")
@@ -133,12 +133,12 @@ class RLController:
 
     def _sync_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
-        from rollout.group import sync_weights
+        from rollout.sync import sync_weights
         self.rollout.call("wake_up", ["weights"])
         if self.channel == "adapter":
             self.rollout.call("load_adapter", self.policy.export_adapter())
         else:
-            sync_weights(self.channel, self.policy.actors, self.rollout, self.plan)
+            sync_weights(self.policy.actors, self.rollout)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 

@@ -69,24 +69,6 @@ class Placement:
             self.pg = None
 
 
-def colocated(placement: Optional[Placement]) -> bool:
-    return placement is not None and placement.pg is not None
-
-
-def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, world_size: int) -> str:
-    """The weight-sync channel for a run. `auto` takes `ipc` where every engine can map its feeding trainer rank's
-    memory: on a CPU host always (actors on other nodes are caught at set-up), on GPUs only when engine i shares its
-    GPU with trainer rank i (colocate, engines <= ranks). Otherwise `broadcast`."""
-    if requested != "auto":
-        return requested
-    return "ipc" if num_gpus == 0 or cuda_ipc_reaches(mode, num_engines, world_size) else "broadcast"
-
-
-def cuda_ipc_reaches(mode: str, num_engines: int, world_size: int) -> bool:
-    """Engine i shares its GPU with trainer rank i, which feeds it (rollout.ipc_sync.feeding_rank)."""
-    return mode == "colocate" and num_engines <= world_size
-
-
 def multiprocess_engine(requested, num_gpus: int) -> bool:
     """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
     model, not in its way) and the in-process one on CPU (a 20-40 s longer start there, for a tiny model)."""

@@ -92,20 +92,14 @@ class HFEngine:
                 count += 1
         return count
 
-    def init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
-        from rollout.weight_sync import SyncGroup
-        self._sync_group = SyncGroup(host, port, rank, world_size)
+    def open_receiver(self, endpoint: dict) -> None:
+        """Join the trainer -> engines channel (rollout.sync.setup_sync)."""
+        from rollout.sync import WeightReceiver
+        self._receiver = WeightReceiver(endpoint)
 
-    def receive_broadcast(self, plan) -> int:
-        from rollout.weight_sync import receive_weights
-        return self.update_weights(receive_weights(self._sync_group, plan))
-
-    def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
-        from rollout.ipc_sync import IpcReceiver, connect_store
-        self._ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
-
-    def receive_ipc(self, plan) -> int:
-        return self.update_weights(self._ipc.receive(plan))
+    def receive_weights(self) -> int:
+        """One sync over that channel, copied in as it arrives. Returns #tensors."""
+        return self.update_weights(self._receiver.receive())
 
     def sleep(self) -> None:
         pass

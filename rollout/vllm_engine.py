@@ -13,7 +13,6 @@ from common.net import cache_root
 from rollout.engine import Sample, SamplingConfig
 from rollout.render import render_prompts
 from rollout.sleep import SleepState
-from rollout.vllm_ext import plan_to_plain
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -74,22 +73,13 @@ class VLLMEngine:
         return samples
 
     # ---- weight updates ----
-    def init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
-        self.llm.collective_rpc("rlhf_init_sync_group", args=(host, port, rank, world_size))
+    def open_receiver(self, endpoint: dict) -> None:
+        """Join the trainer -> engines channel (rollout.sync.setup_sync), inside vLLM's worker."""
+        self.llm.collective_rpc("rlhf_open_receiver", args=(endpoint,))
 
-    def receive_broadcast(self, plan) -> int:
-        """Broadcast channel: pull every bucket from trainer rank 0, then drop the prefix cache."""
-        n = self.llm.collective_rpc("rlhf_receive_broadcast", args=(plan_to_plain(plan),))[0]
-        self._reloaded()
-        return n
-
-    def init_ipc(self, host: str, port: int, src: int, engine: int, handles: list[bytes]) -> None:
-        self.llm.collective_rpc("rlhf_init_ipc", args=(host, port, src, engine, handles))
-
-    def receive_ipc(self, plan) -> int:
-        """`ipc` channel: read every bucket from the feeding trainer rank's shared memory, then drop the prefix
-        cache."""
-        n = self.llm.collective_rpc("rlhf_receive_ipc", args=(plan_to_plain(plan),))[0]
+    def receive_weights(self) -> int:
+        """One sync: every bucket streamed into vLLM's reload as it arrives, then the prefix cache dropped."""
+        n = self.llm.collective_rpc("rlhf_receive")[0]
         self._reloaded()
         return n
 

@@ -6,33 +6,17 @@ collective_rpc are turned into lists, so tensors travel as safetensors bytes or 
 """
 from __future__ import annotations
 
-from rollout.weight_sync import SyncGroup, TensorSpec, receive_weights
-
-
-def plan_from_plain(plain: list) -> list[list[TensorSpec]]:
-    return [[TensorSpec(name, tuple(shape), dtype, tuple(part) if part else None)
-             for name, shape, dtype, part in bucket] for bucket in plain]
-
-
-def plan_to_plain(plan: list[list[TensorSpec]]) -> list:
-    return [[[s.name, list(s.shape), s.dtype, list(s.part) if s.part else None] for s in bucket] for bucket in plan]
+from rollout.sync import WeightReceiver
 
 
 class WeightSyncExtension:
-    def rlhf_init_sync_group(self, host: str, port: int, rank: int, world_size: int) -> None:
-        self._rlhf_sync_group = SyncGroup(host, port, rank, world_size)
+    def rlhf_open_receiver(self, endpoint: dict) -> None:
+        """Join the trainer -> engines channel (rollout.sync.WeightReceiver, the HF engine's too)."""
+        self._rlhf_receiver = WeightReceiver(endpoint)
 
-    def rlhf_receive_broadcast(self, plain_plan: list) -> int:
-        """Receive every bucket of the plan from trainer rank 0, streamed into the reload. Returns #tensors."""
-        return self._rlhf_reload(receive_weights(self._rlhf_sync_group, plan_from_plain(plain_plan)))
-
-    def rlhf_init_ipc(self, host: str, port: int, src: int, engine: int, handles: list) -> None:
-        from rollout.ipc_sync import IpcReceiver, connect_store
-        self._rlhf_ipc = IpcReceiver(connect_store(host, port, is_master=False), src, engine, handles)
-
-    def rlhf_receive_ipc(self, plain_plan: list) -> int:
-        """`ipc` channel: copy every bucket out of the trainer's shared buffers, streamed into the reload."""
-        return self._rlhf_reload(self._rlhf_ipc.receive(plan_from_plain(plain_plan)))
+    def rlhf_receive(self) -> int:
+        """One sync, streamed into the reload bucket by bucket. Returns #tensors."""
+        return self._rlhf_reload(self._rlhf_receiver.receive())
 
     def rlhf_load_tensors(self, named) -> int:
         """In-process channel: `named` is a list of (name, tensor), or safetensors bytes across processes."""

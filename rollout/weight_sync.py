@@ -1,14 +1,15 @@
-"""Weight sync from the trainer into rollout engines.
+"""The bucket format of a weight sync, and the `broadcast` channel's process group.
 
-Channels:
+- Buckets: the trainer's parameters in export order, grouped into size-bounded byte buffers (`plan_buckets`,
+  `pack_bucket`/`unpack_bucket`); `bucket_tensors` (sender) and `bucket_contents` (receiver) walk a plan.
 - `broadcast`: trainer rank 0 and every engine join a dedicated process group (gloo on CPU, NCCL on GPU) that is
-  independent of the trainer's own group; full weights go over it in size-bounded byte buckets. The engine side is a
-  generator, so vLLM's one `reload_weights` call consumes buckets as they arrive.
-- `in_process`: the engine lives in the trainer's process and takes the named tensors directly.
+  independent of the trainer's own group. The engine side is a generator, so vLLM's one `reload_weights` call
+  consumes buckets as they arrive.
 
-The bucket plan (names, shapes, dtypes) is computed once from the trainer's parameter list and shipped to both ends,
-so no per-tensor RPC is needed. A tensor larger than a bucket (a 7B model's 1 GB embedding) is cut into byte parts
-across consecutive buckets, so every staging buffer stays within `sync_bucket_mb`; the receiver joins the parts.
+The plan (names, shapes, dtypes) is computed once from the trainer's parameter list and handed to both ends at
+set-up (rollout.sync), so no per-tensor RPC is needed. A tensor larger than a bucket (a 7B model's 1 GB embedding) is
+cut into byte parts across consecutive buckets, so every staging buffer stays within `sync_bucket_mb`; the receiver
+joins the parts.
 """
 from __future__ import annotations
 

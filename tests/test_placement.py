@@ -3,7 +3,8 @@ not); an unsatisfiable request is a clear error, not a hang."""
 import pytest
 
 from common.errors import UserError
-from rlhf.placement import Placement, plan_placement, reference_ranks, seed_per_prompt, sync_channel
+from rlhf.placement import Placement, plan_placement, reference_ranks, seed_per_prompt
+from rollout.sync import sync_channel
 
 
 def test_plan_colocate_shares_bundles():

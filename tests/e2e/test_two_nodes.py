@@ -23,8 +23,9 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from common.errors import UserError
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rlhf.placement import sync_channel
-    from rollout.group import RolloutGroup, setup_sync, sync_weights
+    from rollout.sync import sync_channel
+    from rollout.group import RolloutGroup
+    from rollout.sync import setup_sync, sync_weights
     from rollout.weight_sync import plan_buckets
     from tests.rollout.test_vllm_engine import ENGINE, SAMPLING, prompts_and_batches, remote_diff
 
@@ -47,7 +48,7 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
         assert channel == "ipc" and setup_sync(channel, [trainer], group, plan, strict=False) == "broadcast"
         ray_get([trainer.sft_step.remote(batches[0])], 300, ["trainer"])
         assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) > 1e-2  # stale
-        sync_weights("broadcast", [trainer], group, plan)
+        sync_weights([trainer], group)
         assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
         group.shutdown()
         ray.kill(trainer)

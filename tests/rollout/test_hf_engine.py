@@ -38,7 +38,8 @@ def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_mode
     from actors.policy import PolicyTrainer
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rollout.group import RolloutGroup, ipc_weights, setup_ipc
+    from rollout.group import RolloutGroup
+    from rollout.sync import setup_sync, sync_weights
     from rollout.weight_sync import plan_buckets
     from tests.rollout.test_vllm_engine import SAMPLING, prompts_and_batches, remote_diff
 
@@ -48,11 +49,11 @@ def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_mode
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir), engine_cls=HFEngine)
     try:
         plan = plan_buckets(ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0], bucket_bytes=128 << 10)
-        setup_ipc([trainer], group, plan)
+        setup_sync("ipc", [trainer], group, plan)
         for batch in batches:
             ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) > 1e-2
-            ipc_weights([trainer], group, plan)
+            sync_weights([trainer], group)
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-4
         texts = [tok.decode(p) for p in prompts]  # text prompts: tokenized by the engine, same samples
         assert [s.completion_ids for s in group.generate(texts, SAMPLING)] == \

@@ -11,7 +11,8 @@ from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
 from rlhf.tasks import make_rows
 from rollout.engine import SamplingConfig
-from rollout.group import RolloutGroup, broadcast_weights, setup_broadcast
+from rollout.group import RolloutGroup
+from rollout.sync import setup_sync, sync_weights
 from rollout.render import PromptRenderer
 from rollout.weight_sync import plan_buckets
 
@@ -68,12 +69,12 @@ def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_mo
         plan = plan_buckets(specs, bucket_bytes=16 << 10)
         assert len(plan) > 1  # several buckets, not one message per tensor nor one blob
         assert any(s.part for b in plan for s in b)  # tensors over 16 KiB go in parts, joined by the engine
-        setup_broadcast([trainer], group)
+        setup_sync("broadcast", [trainer], group, plan)
         for batch in batches:
             ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
             stale = remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id)
             assert stale > 1e-2  # the check can fail: engines still hold the old weights
-            sent = broadcast_weights([trainer], group, plan)
+            sent = sync_weights([trainer], group)
             assert sent == sum(s.nbytes for s in specs)
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
     finally:
@@ -91,7 +92,7 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
     from rlhf.placement import Placement
-    from rollout.group import ipc_weights, setup_ipc
+    from rollout.sync import setup_sync, sync_weights
 
     shm_before = set(os.listdir("/dev/shm"))
     tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
@@ -104,12 +105,12 @@ def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_m
         specs = trainers.weight_specs()
         plan = plan_buckets(specs, bucket_bytes=256 << 10)
         assert len(plan) > 2  # staging buffers are refilled
-        setup_ipc(trainers.actors, group, plan)
+        setup_sync("ipc", trainers.actors, group, plan)
         for batch in batches:
             trainers.train_step(batch)
             stale = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)
             assert logprob_diff(trainers.compute_logprobs(stale), stale) > 1e-2
-            assert ipc_weights(trainers.actors, group, plan) == sum(s.nbytes for s in specs)
+            assert sync_weights(trainers.actors, group) == sum(s.nbytes for s in specs)
             fresh = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)  # half from each engine
             assert logprob_diff(trainers.compute_logprobs(fresh), fresh) < 1e-3
     finally:
@@ -216,14 +217,14 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
 
     # The ipc channel reaches into the engine-core child too: it maps the trainer's buffers there.
     from actors.policy import PolicyTrainer
-    from rollout.group import ipc_weights, setup_ipc
+    from rollout.sync import setup_sync, sync_weights
     tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=1)
     trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir,
                          TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=16, warmup_steps=0))
     plan = plan_buckets(ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0], bucket_bytes=256 << 10)
-    setup_ipc([trainer], group, plan)
+    setup_sync("ipc", [trainer], group, plan)
     ray_get([trainer.sft_step.remote(batches[0])], 300, ["trainer"])
-    ipc_weights([trainer], group, plan)
+    sync_weights([trainer], group)
     assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
     ray_local.kill(trainer)
 
