@@ -117,3 +117,17 @@ def test_ipc_channel_streams_every_bucket_through_two_shared_buffers():
         for got, want in zip(results[engine], syncs):
             assert list(got) == [k for k, _ in want]
             assert all(torch.equal(got[k], v) for k, v in want)
+
+
+def test_a_cuda_handle_from_another_gpu_is_refused():
+    """CUDA IPC handles carry the producer's GPU UUID: an engine whose device index names another GPU (a different
+    CUDA_VISIBLE_DEVICES order) gets an error naming both, not a mapping of the wrong GPU's memory."""
+    import pickle
+
+    import pytest
+
+    from rollout.ipc_sync import open_shared
+
+    handle = pickle.dumps(("cuda", 0, "GPU-aaaa", b"never unpickled"))
+    with pytest.raises(RuntimeError, match="GPU 0 = GPU-aaaa, but GPU 0 in this engine is GPU-bbbb"):
+        open_shared(handle, local_uuid=lambda index: "GPU-bbbb")

@@ -1,0 +1,32 @@
+"""Start-up order on a shared GPU: the rollout engines are created only once every other model is loaded (vLLM
+counts what the GPU allocates during its start-up profiling as its own KV-cache budget)."""
+import pytest
+
+from rlhf.config import load_config
+from rlhf.workers import role_ranks, start_workers
+
+
+def test_roles_follow_the_config():
+    cfg = load_config(None, ["stage=rl", "algorithm.kl_coef=0.1", "trainer.world_size=2"])
+    assert role_ranks(cfg, needs_critic=True) == {"policy": 2, "rollout": 1, "reference": 1, "critic": 2}
+    lora = load_config(None, ["stage=rl", "algorithm.kl_coef=0.1", "model.lora.rank=4"])
+    assert role_ranks(lora, needs_critic=False) == {"policy": 1, "rollout": 1}  # the adapter-off policy is the ref
+
+
+@pytest.mark.slow
+def test_engines_are_created_after_the_reference_is_loaded(ray_local, tiny_model_dir, monkeypatch, tmp_path):
+    from actors.group import Replicas
+    from rollout.group import RolloutGroup
+
+    events = []
+    ready = Replicas.ready
+    monkeypatch.setattr(Replicas, "ready", lambda self: (ready(self), events.append("reference loaded")))
+    monkeypatch.setattr(RolloutGroup, "create", classmethod(lambda cls, *a, **k: events.append("engines created")))
+    cfg = load_config(None, ["stage=rl", "algorithm.kl_coef=0.1", f"output_dir={tmp_path}", "rollout.engine=hf"])
+    workers = start_workers(cfg, str(tiny_model_dir), needs_critic=False)
+    try:
+        assert events == ["reference loaded", "engines created"]
+        assert workers.startup["time/start_trainers"] > 0
+    finally:
+        workers.policy.kill()
+        workers.reference.kill()
