@@ -181,12 +181,14 @@ class DSModel:
 
     def train_epochs(self, batch: Batch, epochs: int, loss_fn: LossFn, agg: str) -> dict[str, float]:
         """`epochs` passes over this rank's rows in mini-batches of trainer.batch_size (over all ranks), one
-        optimizer step each; rows are reshuffled into new mini-batches every epoch (global torch RNG: restored by
-        a checkpoint). Returns metrics averaged over steps (`train/skipped_updates`: summed)."""
+        optimizer step each. The first epoch keeps the rollout's order (a prompt's samples stay in one mini-batch,
+        so its group-relative advantages meet in one update); every later epoch reshuffles the rows into new
+        mini-batches (global torch RNG: restored by a checkpoint), so no epoch repeats the previous one's steps.
+        Returns metrics averaged over steps (`train/skipped_updates`: summed)."""
         n_mini = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
         history: dict[str, list[float]] = {}
-        for _ in range(epochs):
-            order = torch.randperm(len(batch["input_ids"])) if n_mini > 1 else None
+        for epoch in range(epochs):
+            order = torch.randperm(len(batch["input_ids"])) if epoch > 0 and n_mini > 1 else None
             for mini in split_batch(batch if order is None else {k: v[order] for k, v in batch.items()}, n_mini):
                 for k, v in self.optimizer_step(mini, loss_fn, agg).items():
                     history.setdefault(k, []).append(v)

@@ -25,6 +25,24 @@ def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
                           timeout=timeout, cwd=cwd, env=env)
 
 
+def cli_in_process(*args: str, cwd: str = ROOT):
+    """`rlhf.run.main(args)` in this process (no interpreter start-up, imports already warm): the return code and
+    what it printed. An exception escaping main() fails the calling test, as a traceback would."""
+    import contextlib
+    import io
+
+    from rlhf.run import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A private local Ray instance (never joins another cluster); 4 logical CPUs so actors asking 0.5 fit, and 2

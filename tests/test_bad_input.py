@@ -1,10 +1,11 @@
-"""A corpus of malformed configs and data files, each fed to the real CLI: every one must end with exit code 2 and a
-message naming the key or the file, never a traceback or a hang."""
+"""A corpus of malformed configs and data files, each fed to the CLI's main() in-process: every one must end with
+exit code 2 and a message naming the key or the file, never an exception. A few go through a real `python -m
+rlhf.run` subprocess too (the exit code and stderr a shell sees)."""
 import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process, run_cli
 
 RL = "stage: rl\n"
 # (id, YAML text or None for "use examples/sort_sft.yaml", extra overrides, text the message must contain)
@@ -74,10 +75,24 @@ def test_malformed_config_exits_2_with_a_message(tmp_path, name, text, overrides
         path = tmp_path / "bad.yaml"
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
         args = ["--config", str(path), *overrides]
+    code, out, err = cli_in_process(*args, "--print-config")
+    assert code == 2, (out[-500:], err[-2000:])
+    assert needle in err, err[-2000:]
+
+
+SUBPROCESS = ["yaml-tab-indent", "override-unknown-key", "missing-config-file"]
+
+
+@pytest.mark.parametrize("name", SUBPROCESS)
+def test_the_real_cli_exits_2_without_a_traceback(tmp_path, name):
+    _, text, overrides, needle = next(c for c in CONFIGS if c[0] == name)
+    args = ["--config", "examples/sort_sft.yaml", *overrides] if text is None and "--config" not in overrides \
+        else overrides
+    if text is not None:
+        (tmp_path / "bad.yaml").write_text(text)
+        args = ["--config", str(tmp_path / "bad.yaml"), *overrides]
     res = run_cli(*args, "--print-config", timeout=120)
-    assert res.returncode == 2, (res.stdout[-500:], res.stderr[-2000:])
-    assert needle in res.stderr, res.stderr[-2000:]
-    assert "Traceback" not in res.stderr
+    assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
 
 
 def jsonl(*rows) -> bytes:
@@ -129,10 +144,9 @@ def make_data(tmp_path, suffix, content):
 @pytest.mark.parametrize("name, suffix, content, needle", DATA, ids=[d[0] for d in DATA])
 def test_malformed_data_exits_2_naming_the_file(tmp_path, name, suffix, content, needle):
     path = make_data(tmp_path, suffix, content)
-    res = run_cli("--config", "examples/sort_sft.yaml", "data.task=null", f"data.train_path={path}",
-                  f"data.eval_path={path}", "reward.fn=tests.test_data:user_reward", f"output_dir={tmp_path / 'run'}",
-                  "trainer.max_steps=1", timeout=300)
-    assert res.returncode == 2, (res.stdout[-500:], res.stderr[-2000:])
-    assert str(path) in res.stderr and needle in res.stderr, res.stderr[-2000:]
-    assert "Traceback" not in res.stderr
+    code, out, err = cli_in_process("--config", "examples/sort_sft.yaml", "data.task=null", f"data.train_path={path}",
+                                    f"data.eval_path={path}", "reward.fn=tests.test_data:user_reward",
+                                    f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1")
+    assert code == 2, (out[-500:], err[-2000:])
+    assert str(path) in err and needle in err, err[-2000:]
     assert not (tmp_path / "run" / "init_model").exists()  # failed before building any model

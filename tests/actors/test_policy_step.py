@@ -91,8 +91,9 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
 
 
 def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):
-    """Two epochs over 16 rows in mini-batches of 8: each epoch's mini-batches cover every row once, and the second
-    epoch groups the rows differently from the first (a fixed split would repeat the same gradient steps)."""
+    """Two epochs over 16 rows in mini-batches of 8: each epoch's mini-batches cover every row once; the first keeps
+    the rollout's order (prompt groups whole), the second groups the rows differently (a fixed split would repeat
+    the same gradient steps)."""
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(lr=1e-4, batch_size=8, micro_batch_size=8,
                                                           warmup_steps=0))
@@ -104,4 +105,5 @@ def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):
     assert len(seen) == 4
     for epoch in (seen[:2], seen[2:]):
         assert sorted(epoch[0] + epoch[1]) == list(range(16))
+    assert seen[:2] == [list(range(8)), list(range(8, 16))]
     assert sorted(map(tuple, seen[:2])) != sorted(map(tuple, seen[2:]))
