@@ -91,3 +91,10 @@ def reinforce_pp(rewards: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.T
         running = token_rewards[:, t] + gamma * running * mask[:, t].float()
         returns[:, t] = running
     return masked_whiten(returns, mask)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """rewards (B,), a prompt's G samples adjacent -> bool (B // G,): the groups whose rewards are not all equal.
+    An all-equal group has zero group-relative advantage, so no gradient (DAPO's dynamic sampling drops them)."""
+    g = _groups(rewards, group_size, needs=1)
+    return (g != g[:, :1]).any(-1)

@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from algorithms.advantages import informative_groups
 from algorithms.common import masked_mean
 from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
@@ -173,8 +174,8 @@ class RLController:
                 self.dumps.write(step, rows, samples, rewards, self.renderer)
             if rounds == 1:
                 return samples, batch, rewards, metrics
-            for g, group in enumerate(rewards.view(-1, n)):
-                (kept if (group != group[0]).any() else spare).append((samples[g * n:(g + 1) * n], group))
+            for g, (group, signal) in enumerate(zip(rewards.view(-1, n), informative_groups(rewards, n))):
+                (kept if signal else spare).append((samples[g * n:(g + 1) * n], group))
             if len(kept) >= want:
                 break
         # Not between rounds: a level-2 sleep discards the weights, and only a sync brings them back.

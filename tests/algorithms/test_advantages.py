@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from algorithms.advantages import gae, grpo, last_token_mask, reinforce_pp, rloo
+from algorithms.advantages import gae, grpo, informative_groups, last_token_mask, reinforce_pp, rloo
 
 
 def test_gae_hand_computed_with_ragged_mask():
@@ -84,3 +84,10 @@ def test_reinforce_pp_group_baseline():
     # centred outcomes [0.5, -0.5, 0, 0], then whitened over the batch
     c = torch.tensor([0.5, -0.5, 0.0, 0.0])
     assert adv.view(-1).tolist() == pytest.approx((c / c.std(unbiased=True)).tolist(), abs=1e-5)
+
+
+def test_informative_groups_are_those_with_unequal_rewards():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5000001])
+    assert informative_groups(rewards, 2).tolist() == [False, True, False, True]
+    assert informative_groups(rewards, 4).tolist() == [True, True]
+    assert informative_groups(torch.tensor([0.3]), 1).tolist() == [False]  # one sample: nothing to compare
