@@ -24,8 +24,8 @@ from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import evaluate
-from rlhf.loop import BadStepGuard, answer_metric, eval_summary, warn_skipped
-from rlhf.metrics import MetricsLogger, RolloutDumps, read_metrics
+from rlhf.loop import answer_metric, drive, resume_point
+from rlhf.metrics import MetricsLogger, RolloutDumps
 from rlhf.placement import seed_per_prompt
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
@@ -56,18 +56,13 @@ class RLController:
         self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.renderer = make_renderer(cfg, self.model_path)
         self.warn_at = logprob_diff_warn(cfg)
-        self.last_checkpoint = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
-        self.guard = BadStepGuard(cfg.trainer.max_bad_steps)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
         # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
         # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
                                    and not (a.kl_coef > 0 and a.kl_in_reward))
-        # Before the logger appends: steps after the checkpoint are redone, and a run killed before its first
-        # checkpoint starts over with a new metrics file.
-        resumed = checkpoint.load_driver_state(self.last_checkpoint)["step"] if self.last_checkpoint else -1
-        checkpoint.truncate_metrics(cfg.output_dir, resumed)
-        self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, resumed)
+        self.resume_from, self.resume_state = resume_point(cfg)  # before anything appends to the run folder
+        self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, self.resume_state["step"] if self.resume_state else -1)
         init_ray()
         self._start_workers()
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
@@ -272,50 +267,34 @@ class RLController:
         return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)
 
     def fit(self) -> dict[str, float]:
-        cfg = self.cfg
-        start_step = self._restore() if self.last_checkpoint else 0
-        if start_step == 0:
-            self.logger.log(0, {**self.evaluate(), **self.startup}, advance=False)
-        row: dict[str, float] = {}
-        for step in range(start_step + 1, cfg.trainer.max_steps + 1):
-            start = time.perf_counter()
-            row = self.step(step)
-            if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-                row.update(self.evaluate())
-            row["time/step"] = time.perf_counter() - start
-            if self.guard.observe(row):
-                warn_skipped(self.logger, step, row)
-            self.logger.log(step, row)
-            self.guard.check(step, self.last_checkpoint)
-            if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                self._save_checkpoint(step)
-        out = os.path.join(cfg.output_dir, "final")
-        self.policy.save_hf(out, self.model_path)
-        summary = eval_summary(read_metrics(cfg.output_dir), answer_metric(cfg))
-        self.logger.console(f"{cfg.algorithm.name} done: {summary}, model saved to {out}")
-        return row
+        """The shared loop (rlhf.loop.drive) over this controller's steps; returns the last metrics row."""
+        return drive(self.cfg, self, self.cfg.algorithm.name, answer_metric(self.cfg), self.logger, self.resume_from,
+                     self.resume_state)[1]
 
-    def _save_checkpoint(self, step: int) -> None:
-        tmp = checkpoint.begin(self.cfg.output_dir, step)
-        self.policy.save_checkpoint(tmp)
-        if self.critic is not None:
-            self.critic.save_checkpoint(tmp)
-        self.policy.save_hf(os.path.join(tmp, "policy_hf"), self.model_path)
-        self.last_checkpoint = checkpoint.commit(tmp, self.cfg.output_dir, step, {
-            "step": step, "prompts": self.pending_prompts if self.pending else self.prompts.state(),
-            "guard": self.guard.state()}, self.cfg.checkpoint.keep_last)
+    # ---- the loop's hooks (rlhf.loop.Stage) ----
+    def initial_metrics(self) -> dict[str, float]:
+        return self.startup
 
-    def _restore(self) -> int:
-        """Load the newest complete checkpoint into the workers, push its weights into the engines; returns its step."""
-        state = checkpoint.load_driver_state(self.last_checkpoint)
-        self.policy.load_checkpoint(self.last_checkpoint)
+    def save(self, folder: str) -> None:
+        self.policy.save_checkpoint(folder)
         if self.critic is not None:
-            self.critic.load_checkpoint(self.last_checkpoint)
+            self.critic.save_checkpoint(folder)
+        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.model_path)
+
+    def driver_state(self) -> dict:
+        """Under rollout.overlap the next step's rollout is in flight: a resume redoes it from its prompts."""
+        return {"prompts": self.pending_prompts if self.pending else self.prompts.state()}
+
+    def restore(self, folder: str, state: dict) -> None:
+        """The checkpoint's weights and optimizer states into the workers, its weights into the engines."""
+        self.policy.load_checkpoint(folder)
+        if self.critic is not None:
+            self.critic.load_checkpoint(folder)
         self.prompts.load_state(state["prompts"])
-        self.guard = BadStepGuard(self.cfg.trainer.max_bad_steps, state.get("guard"))
         self._sync_weights()
-        self.logger.console(f"resumed from {self.last_checkpoint} (step {state['step']})")
-        return state["step"]
+
+    def save_final(self, out: str) -> None:
+        self.policy.save_hf(out, self.model_path)
 
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
@@ -340,7 +319,7 @@ def run_rl(cfg: RunConfig) -> dict[str, float]:
     try:
         return controller.fit()
     except WorkerDied as e:
-        raise TrainingStopped(worker_died(e, controller.last_checkpoint)) from None
+        raise TrainingStopped(worker_died(e, checkpoint.latest(cfg.output_dir))) from None
     finally:
         controller.close()
 

@@ -1,6 +1,7 @@
-"""The training loop the in-process stages share (sft, dpo, rm): evaluate first, step, evaluate every `eval.every`
-steps and at the end, log every step, checkpoint every `checkpoint.every` steps and at the end, resume from the
-newest complete checkpoint, save. Also `BadStepGuard`, which the RL controller uses too."""
+"""The one training loop every stage runs (`drive`): evaluate first, step, evaluate every `eval.every` steps and at
+the end, log every step, stop after `trainer.max_bad_steps` bad steps (`BadStepGuard`), checkpoint every
+`checkpoint.every` steps and at the end, resume from the newest complete checkpoint, save. A stage supplies its step
+and its state (`Stage`): the RL controller is one, `TrainerStage` wraps the in-process sft/dpo/rm stages."""
 from __future__ import annotations
 
 import os
@@ -73,49 +74,105 @@ def eval_summary(rows: list[dict], headline: str) -> str:
     return ", ".join(f"{k} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys)
 
 
+class Stage(Protocol):
+    """What `drive` runs: the RL controller, or a `TrainerStage` (sft, dpo, rm)."""
+
+    def step(self, step: int) -> dict: ...
+
+    def evaluate(self) -> dict: ...
+
+    def initial_metrics(self) -> dict: ...  # logged with step 0's evaluation (e.g. start-up times)
+
+    def save(self, folder: str) -> None: ...  # every worker's state and a Hugging Face copy, into a checkpoint
+
+    def driver_state(self) -> dict: ...  # saved beside it (data position, ...)
+
+    def restore(self, folder: str, state: dict) -> None: ...  # the checkpoint and its driver state back
+
+    def save_final(self, out: str) -> None: ...
+
+
+def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
+    """The newest complete checkpoint and its driver state, or (None, None); metrics.jsonl is cut to match: the
+    steps after the checkpoint are redone and logged once, and a run killed before its first checkpoint starts
+    over with a new file. Call it before anything appends to the run folder."""
+    folder = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
+    state = checkpoint.load_driver_state(folder) if folder else None
+    checkpoint.truncate_metrics(cfg.output_dir, state["step"] if state else -1)
+    return folder, state
+
+
+def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: MetricsLogger,
+          resume_from: Optional[str], state: Optional[dict]) -> tuple[dict, dict]:
+    """The one training loop: evaluate first (or resume from `resume_from`), step, evaluate every `eval.every`
+    steps and at the end, log every step, stop after too many bad steps, checkpoint every `checkpoint.every` steps
+    and at the end, save. Returns (first evaluation, last metrics row); prints `<name> done: <headline> before ->
+    after`."""
+    start, guard = 0, BadStepGuard(cfg.trainer.max_bad_steps)
+    if resume_from is not None:
+        stage.restore(resume_from, state)
+        start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
+        logger.console(f"resumed from {resume_from} (step {start})")
+    else:
+        logger.log(0, {**stage.evaluate(), **stage.initial_metrics()}, advance=False)
+    row: dict = {}
+    for step in range(start + 1, cfg.trainer.max_steps + 1):
+        begin = time.perf_counter()
+        row = stage.step(step)
+        row["time/step"] = time.perf_counter() - begin
+        if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
+            row.update(stage.evaluate())
+        if guard.observe(row):
+            warn_skipped(logger, step, row)
+        logger.log(step, row)
+        guard.check(step, resume_from)
+        if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+            tmp = checkpoint.begin(cfg.output_dir, step)
+            stage.save(tmp)
+            resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
+                "step": step, **stage.driver_state(), "guard": guard.state()}, cfg.checkpoint.keep_last)
+    out = os.path.join(cfg.output_dir, "final")
+    stage.save_final(out)
+    rows = read_metrics(cfg.output_dir)
+    logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
+    return next(r for r in rows if headline in r), row
+
+
+class TrainerStage:
+    """An in-process stage (sft, dpo, rm): a step function, an evaluation, one trainer (DeepSpeed state, Hugging
+    Face folders: a copy in every checkpoint, `<output_dir>/final` at the end) and the batch iterator whose
+    position is checkpointed; `model_path` supplies the tokenizer saved alongside."""
+
+    def __init__(self, step_fn: Callable[[int], dict], eval_fn: Callable[[], dict], trainer: Checkpointable,
+                 data: BatchIterator, model_path: str):
+        self.step, self.evaluate = step_fn, eval_fn
+        self.trainer, self.data, self.model_path = trainer, data, model_path
+
+    def initial_metrics(self) -> dict:
+        return {}
+
+    def save(self, folder: str) -> None:
+        self.trainer.save_checkpoint(folder)
+        self.trainer.save_hf(os.path.join(folder, "model_hf"), self.model_path)
+
+    def driver_state(self) -> dict:
+        return {"data": self.data.state()}
+
+    def restore(self, folder: str, state: dict) -> None:
+        self.trainer.load_checkpoint(folder)
+        self.data.load_state(state["data"])
+
+    def save_final(self, out: str) -> None:
+        self.trainer.save_hf(out, self.model_path)
+
+
 def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[], dict],
              headline: str, trainer: Checkpointable, data: BatchIterator, model_path: str) -> tuple[dict, dict]:
-    """Returns (first evaluation, last metrics row); prints `<stage> done: <headline> before -> after`.
-    `trainer` saves/loads its DeepSpeed state (model, optimizer, scheduler, RNG) and writes Hugging Face folders
-    (a copy in every checkpoint, `<output_dir>/final` at the end); `data` is the batch iterator whose position is
-    checkpointed; `model_path` supplies the tokenizer saved alongside."""
-    start, guard, resume_from = 0, BadStepGuard(cfg.trainer.max_bad_steps), None
-    if cfg.checkpoint.resume and (resume_from := checkpoint.latest(cfg.output_dir)) is not None:
-        state = checkpoint.load_driver_state(resume_from)
-        checkpoint.truncate_metrics(cfg.output_dir, state["step"])  # steps after it are redone, logged once
-        trainer.load_checkpoint(resume_from)
-        data.load_state(state["data"])
-        start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state["guard"])
-    else:  # a run killed before its first checkpoint starts over: so does its metrics file
-        checkpoint.truncate_metrics(cfg.output_dir, -1)
+    """An in-process stage through `drive`; returns (first evaluation, last metrics row)."""
+    resume_from, state = resume_point(cfg)
     logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=cfg.stage)
     try:
-        if start == 0:
-            logger.log(0, eval_fn(), advance=False)
-        else:
-            logger.console(f"resumed from {resume_from} (step {start})")
-        row: dict = {}
-        for step in range(start + 1, cfg.trainer.max_steps + 1):
-            begin = time.perf_counter()
-            row = step_fn(step)
-            row["time/step"] = time.perf_counter() - begin
-            if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-                row.update(eval_fn())
-            if guard.observe(row):
-                warn_skipped(logger, step, row)
-            logger.log(step, row)
-            guard.check(step, resume_from)
-            if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                tmp = checkpoint.begin(cfg.output_dir, step)
-                trainer.save_checkpoint(tmp)
-                trainer.save_hf(os.path.join(tmp, "model_hf"), model_path)
-                resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {"step": step, "data": data.state(),
-                                                "guard": guard.state()}, cfg.checkpoint.keep_last)
-        out = os.path.join(cfg.output_dir, "final")
-        trainer.save_hf(out, model_path)
-        rows = read_metrics(cfg.output_dir)
-        evals = [r for r in rows if headline in r]
-        logger.console(f"{cfg.stage} done: {eval_summary(rows, headline)}, model saved to {out}")
-        return evals[0], row
+        return drive(cfg, TrainerStage(step_fn, eval_fn, trainer, data, model_path), cfg.stage, headline, logger,
+                     resume_from, state)
     finally:
         logger.close()
