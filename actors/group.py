@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from common.batch import Batch, split_batch
+from common.batch import Batch, even_spans, split_batch
 from common.net import node_address
 from common.remote import make_actor, ray_get
 
@@ -100,11 +100,9 @@ class Replicas:
 
     def map(self, method: str, batch: Batch) -> torch.Tensor:
         """`method(rows)` on each copy's share of the batch's rows, results concatenated along dim 0."""
-        n, rows = len(self.actors), len(next(iter(batch.values())))
-        bounds = [rows * i // n for i in range(n + 1)]
-        spans = [(a, r, lo, hi) for a, r, lo, hi in zip(self.actors, self.roles, bounds, bounds[1:]) if hi > lo]
-        refs = [getattr(a, method).remote({k: v[lo:hi] for k, v in batch.items()}) for a, _, lo, hi in spans]
-        return torch.cat(ray_get(refs, self.timeout_s, [r for _, r, _, _ in spans]))
+        spans = even_spans(len(next(iter(batch.values()))), len(self.actors))
+        refs = [getattr(self.actors[i], method).remote({k: v[lo:hi] for k, v in batch.items()}) for i, lo, hi in spans]
+        return torch.cat(ray_get(refs, self.timeout_s, [self.roles[i] for i, _, _ in spans]))
 
     def kill(self) -> None:
         import ray

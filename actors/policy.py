@@ -20,7 +20,7 @@ from common.batch import Batch, scatter_rows, sequence_logprobs
 from common.dtypes import DTYPES
 from common.net import node_address
 from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
-from rollout.sync import WeightSender
+from rollout.sync import WeightSender, drain
 from rollout.weight_sync import TensorSpec, spec_of
 
 
@@ -29,12 +29,6 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     return peft.get_peft_model(model, peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                       target_modules=list(lora.target_modules),
                                                       task_type="CAUSAL_LM"))
-
-
-def _drain(weights: Iterator) -> None:
-    """For a rank that keeps nothing: it still takes part in every ZeRO-3 gather of the export."""
-    for _ in weights:
-        pass
 
 
 def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
@@ -155,7 +149,7 @@ class PolicyTrainer:
             return self.ds.save_hf(out_dir, tokenizer_path)
         adapter = self._adapter_state()
         if self.rank != 0:
-            _drain(self.iter_weights())
+            drain(self.iter_weights())
             return
         self.model.save_pretrained(out_dir.rstrip("/") + "_adapter", state_dict=adapter)
         self.model.get_base_model().save_pretrained(out_dir, state_dict=dict(self.iter_weights()),
@@ -227,7 +221,7 @@ class PolicyTrainer:
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""
         if self.rank != 0:
-            _drain(self.iter_weights())
+            drain(self.iter_weights())
             return []
         return [(n, t.to("cpu", copy=True)) for n, t in self.iter_weights()]
 

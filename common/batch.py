@@ -33,6 +33,13 @@ def pack_masked(seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[bool]]
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
+def even_spans(rows: int, n: int) -> list[tuple[int, int, int]]:
+    """`rows` cut into `n` contiguous ranges whose sizes differ by at most one: `(part, lo, hi)` for each non-empty
+    part, in order (fewer than `n` when rows < n)."""
+    bounds = [rows * i // n for i in range(n + 1)]
+    return [(i, lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo]
+
+
 def split_batch(batch: Batch, n_chunks: int) -> list[Batch]:
     """Split every tensor along dim 0 into `n_chunks` equal parts (rows must divide evenly)."""
     rows = len(next(iter(batch.values())))

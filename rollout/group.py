@@ -2,9 +2,10 @@
 across engines and results come back in input order; a dead engine is restarted (weight syncs: rollout.sync)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
+from common.batch import even_spans
 from common.remote import WorkerDied, make_actor, ray_get
 from rollout.engine import Sample, SamplingConfig
 
@@ -16,6 +17,7 @@ class Submitted:
     refs: list
     prompts: Sequence
     sampling: SamplingConfig
+    lives: list = field(default_factory=list)  # lives[k]: the engine's restart count when refs[k] was sent
 
 
 class RolloutGroup:
@@ -28,6 +30,7 @@ class RolloutGroup:
         self.roles = [f"rollout engine {i}" for i in range(len(engines))]
         self.on_restart: Optional[Callable[[int], None]] = None
         self.restarts = 0
+        self.lives = [0] * len(engines)  # restarts per engine: a call sent before the last one needs no new restart
 
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
@@ -44,12 +47,13 @@ class RolloutGroup:
     def call(self, method: str, *args, **kwargs) -> list:
         """`method` on every engine (it must be safe to repeat on an engine that was restarted)."""
         refs = [getattr(e, method).remote(*args, **kwargs) for e in self.engines]
+        lives = dict(enumerate(self.lives))
         while True:
             try:
                 return ray_get(refs, self.timeout_s, self.roles)
             except WorkerDied as e:
-                i = self._restart(e)
-                refs[i] = getattr(self.engines[i], method).remote(*args, **kwargs)
+                i = self._restart(e, lives)
+                refs[i], lives[i] = getattr(self.engines[i], method).remote(*args, **kwargs), self.lives[i]
 
     def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
         return self.collect(self.submit(prompt_ids, sampling))
@@ -57,11 +61,9 @@ class RolloutGroup:
     def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> Submitted:
         """Start generating without waiting (`collect` waits). Contiguous chunks per engine; per-prompt seeds are
         offset by the chunk start, so the samples are the same whatever the number of engines."""
-        n = len(self.engines)
-        bounds = [len(prompt_ids) * i // n for i in range(n + 1)]
-        spans = [(i, lo, hi) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:])) if hi > lo]
-        out = Submitted(spans, [], prompt_ids, sampling)
-        out.refs = [self._generate_span(out, k) for k in range(len(spans))]
+        out = Submitted(even_spans(len(prompt_ids), len(self.engines)), [], prompt_ids, sampling)
+        out.refs = [self._generate_span(out, k) for k in range(len(out.spans))]
+        out.lives = [self.lives[i] for i, _, _ in out.spans]
         return out
 
     def _generate_span(self, sub: Submitted, k: int):
@@ -77,10 +79,10 @@ class RolloutGroup:
                 chunks = ray_get(sub.refs, self.timeout_s, roles)
                 break
             except WorkerDied as e:
-                i = self._restart(e)
+                i = self._restart(e, {j: sub.lives[k] for k, (j, _, _) in enumerate(sub.spans)})
                 for k, (j, _, _) in enumerate(sub.spans):
                     if j == i:
-                        sub.refs[k] = self._generate_span(sub, k)
+                        sub.refs[k], sub.lives[k] = self._generate_span(sub, k), self.lives[i]
         out = []
         for (_, lo, _), chunk in zip(sub.spans, chunks):
             for s in chunk:
@@ -88,14 +90,19 @@ class RolloutGroup:
             out += chunk
         return out
 
-    def _restart(self, error: WorkerDied) -> int:
+    def _restart(self, error: WorkerDied, lives: dict[int, int]) -> int:
         """The index of the engine that died, once Ray has restarted it and `on_restart` has brought it up to date;
-        re-raises `error` when it was not a death of an engine, or nothing can restart it."""
+        re-raises `error` when it was not a death of an engine, or nothing can restart it. `lives[i]`: engine i's
+        restart count when the failed call was sent; a death another call already handled (two generations in
+        flight under overlap) is neither counted nor pushed weights again."""
         if not (error.died and error.role in self.roles and self.on_restart is not None):
             raise error
         i = self.roles.index(error.role)
+        if self.lives[i] > lives[i]:
+            return i
         _wait_restarted(self.engines[i], error.role)
         self.restarts += 1
+        self.lives[i] += 1
         self.on_restart(i)
         return i
 

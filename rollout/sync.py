@@ -42,6 +42,13 @@ def plan_from_plain(plain: list) -> list[list[TensorSpec]]:
              for name, shape, dtype, part in bucket] for bucket in plain]
 
 
+def drain(named: Iterable) -> None:
+    """Consume a weight export without keeping it: a rank that sends or saves nothing still takes part in every
+    ZeRO-3 gather the export makes."""
+    for _ in named:
+        pass
+
+
 def _device() -> Optional[torch.device]:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
 
@@ -77,8 +84,7 @@ class WeightSender:
             return send_weights(self.group, named, self.plan)
         if self.ipc is not None:
             return self.ipc.send(named, self.plan)
-        for _ in named:
-            pass
+        drain(named)
         return 0
 
 

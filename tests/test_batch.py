@@ -60,3 +60,10 @@ def test_length_grouped_keeps_pairs_together():
     assert [idx.tolist() for idx, _ in pieces] == [[2, 3], [4, 5], [0, 1]]
     with pytest.raises(ValueError, match="2-row units"):
         length_grouped(batch, size=3, unit=2)
+
+
+def test_even_spans_cover_the_rows_in_order_with_sizes_one_apart():
+    from common.batch import even_spans
+    assert even_spans(10, 3) == [(0, 0, 3), (1, 3, 6), (2, 6, 10)]
+    assert even_spans(2, 4) == [(1, 0, 1), (3, 1, 2)]  # empty parts are left out
+    assert even_spans(0, 2) == []
