@@ -53,9 +53,10 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
 
 
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
-    """Trainers and scorers start together; the engines only once every other model is loaded: vLLM counts what
-    the GPU allocates during its start-up profiling as its own, so a reference model loading meanwhile would
-    shrink its KV cache."""
+    """Every role starts at once, except engines that share a GPU with other roles (colocated on GPUs): those start
+    only once every other model is loaded, since vLLM counts what the GPU allocates during its start-up profiling
+    as its own, so a reference model loading meanwhile would shrink its KV cache. `time/start_trainers` is the
+    wait for trainers and scorers, `time/start_engines` the further wait for the engines."""
     from actors.critic import Critic
     from actors.group import ActorGroup, Replicas
     from actors.policy import PolicyTrainer
@@ -66,6 +67,16 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
     placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
+    adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
+    engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)
+
+    def start_engines() -> RolloutGroup:
+        return RolloutGroup.start(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
+                                  placement.options["rollout"], engine_cls,
+                                  max_restarts=cfg.rollout.max_engine_restarts)
+
+    shares_gpu = cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate"
+    rollout = None if shares_gpu else start_engines()
     policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
                         model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=m.lora, **common)
     critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
@@ -80,11 +91,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
         if scorer is not None:
             scorer.ready()
     engines_start = time.perf_counter()
-    adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
-    engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)
-    rollout = RolloutGroup.create(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
-                                  placement.options["rollout"], engine_cls,
-                                  max_restarts=cfg.rollout.max_engine_restarts)
+    rollout = rollout or start_engines()
+    rollout.ready()
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
                "time/start_engines": time.perf_counter() - engines_start}
     return Workers(placement, policy, critic, reference, reward_model, rollout,

@@ -35,14 +35,24 @@ class RolloutGroup:
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
                engine_cls: type | None = None, timeout_s: float = 600.0, max_restarts: int = 0) -> "RolloutGroup":
+        """`start`, then wait until every engine is up."""
+        group = cls.start(num_engines, engine_kwargs, actor_options, engine_cls, timeout_s, max_restarts)
+        group.ready()
+        return group
+
+    @classmethod
+    def start(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
+              engine_cls: type | None = None, timeout_s: float = 600.0, max_restarts: int = 0) -> "RolloutGroup":
+        """The engine actors, loading in the background (`ready` waits for them)."""
         if engine_cls is None:
             from rollout.vllm_engine import VLLMEngine as engine_cls
         options = actor_options or [{}] * num_engines
         engines = [make_actor(engine_cls, f"rollout engine {i}", {"max_restarts": max_restarts, **options[i]},
                               **engine_kwargs) for i in range(num_engines)]
-        group = cls(engines, timeout_s)
-        group.call("__ray_ready__")
-        return group
+        return cls(engines, timeout_s)
+
+    def ready(self) -> None:
+        self.call("__ray_ready__")
 
     def call(self, method: str, *args, **kwargs) -> list:
         """`method` on every engine (it must be safe to repeat on an engine that was restarted)."""

@@ -1,5 +1,6 @@
-"""Start-up order on a shared GPU: the rollout engines are created only once every other model is loaded (vLLM
-counts what the GPU allocates during its start-up profiling as its own KV-cache budget)."""
+"""Start-up order: on a shared GPU the rollout engines are created only once every other model is loaded (vLLM
+counts what the GPU allocates during its start-up profiling as its own KV-cache budget); elsewhere every role starts
+at once."""
 import pytest
 
 from rlhf.config import load_config
@@ -13,20 +14,36 @@ def test_roles_follow_the_config():
     assert role_ranks(lora, needs_critic=False) == {"policy": 1, "rollout": 1}  # the adapter-off policy is the ref
 
 
-@pytest.mark.slow
-def test_engines_are_created_after_the_reference_is_loaded(ray_local, tiny_model_dir, monkeypatch, tmp_path):
+def _start_and_record(monkeypatch, tmp_path, tiny_model_dir, *overrides) -> list[str]:
     from actors.group import Replicas
     from rollout.group import RolloutGroup
 
     events = []
-    ready = Replicas.ready
+    ready, start = Replicas.ready, RolloutGroup.start.__func__
     monkeypatch.setattr(Replicas, "ready", lambda self: (ready(self), events.append("reference loaded")))
-    monkeypatch.setattr(RolloutGroup, "create", classmethod(lambda cls, *a, **k: events.append("engines created")))
-    cfg = load_config(None, ["stage=rl", "algorithm.kl_coef=0.1", f"output_dir={tmp_path}", "rollout.engine=hf"])
+    monkeypatch.setattr(RolloutGroup, "start", classmethod(
+        lambda cls, *a, **k: (events.append("engines created"), start(cls, *a, **k))[1]))
+    cfg = load_config(None, ["stage=rl", "algorithm.kl_coef=0.1", f"output_dir={tmp_path}", "rollout.engine=hf",
+                             *overrides])
     workers = start_workers(cfg, str(tiny_model_dir), needs_critic=False)
     try:
-        assert events == ["reference loaded", "engines created"]
-        assert workers.startup["time/start_trainers"] > 0
+        assert workers.startup["time/start_trainers"] > 0 and workers.startup["time/start_engines"] >= 0
     finally:
+        workers.rollout.shutdown()
         workers.policy.kill()
         workers.reference.kill()
+        workers.placement.remove()
+    return events
+
+
+@pytest.mark.slow
+def test_engines_are_created_after_the_reference_is_loaded_on_a_shared_gpu(ray_local, tiny_model_dir, monkeypatch,
+                                                                           tmp_path):
+    events = _start_and_record(monkeypatch, tmp_path, tiny_model_dir, "placement.num_gpus=2")
+    assert events == ["reference loaded", "engines created"]
+
+
+@pytest.mark.slow
+def test_every_role_starts_at_once_without_a_shared_gpu(ray_local, tiny_model_dir, monkeypatch, tmp_path):
+    events = _start_and_record(monkeypatch, tmp_path, tiny_model_dir)
+    assert events == ["engines created", "reference loaded"]
