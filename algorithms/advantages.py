@@ -18,22 +18,27 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016).
 
-    rewards, values (B, T) per token; mask (B, T) bool, each row's valid tokens contiguous.
-    delta_t = r_t + gamma V_{t+1} - V_t,  A_t = delta_t + gamma lam A_{t+1}, with V and A taken as 0 past a row's
-    last valid token. Returns (advantages, returns = advantages + values), both (B, T) and zero outside the mask.
+    rewards, values (B, T) per token; mask (B, T) bool. delta_t = r_t + gamma V_{t+1} - V_t,
+    A_t = delta_t + gamma lam A_{t+1}, with V and A taken as 0 past a row's last valid token. The recursion runs over
+    the masked tokens only, in order: in a multi-turn trajectory the observation tokens between the model's turns
+    are skipped (the step after a turn's last token is the next turn's first), not treated as the episode's end.
+    Returns (advantages, returns = advantages + values), both (B, T) and zero outside the mask.
     """
-    mask_f = mask.float()
+    # Valid tokens first, in their order (a stable sort), so each row's are contiguous from position 0.
+    order = torch.argsort((~mask.bool()).to(torch.int8), dim=1, stable=True)
+    mask_f = torch.gather(mask.float(), 1, order)
+    r, v = torch.gather(rewards.float(), 1, order), torch.gather(values.float(), 1, order)
     T = rewards.shape[1]
-    advantages = torch.zeros_like(rewards, dtype=torch.float32)
+    packed = torch.zeros_like(r)
     running = torch.zeros(rewards.shape[0], dtype=torch.float32, device=rewards.device)
     for t in reversed(range(T)):
         next_mask = mask_f[:, t + 1] if t + 1 < T else torch.zeros_like(running)
-        next_value = values[:, t + 1].float() * next_mask if t + 1 < T else torch.zeros_like(running)
-        delta = rewards[:, t].float() + gamma * next_value - values[:, t].float()
+        next_value = v[:, t + 1] * next_mask if t + 1 < T else torch.zeros_like(running)
+        delta = r[:, t] + gamma * next_value - v[:, t]
         running = delta + gamma * lam * next_mask * running
-        advantages[:, t] = running
-    advantages = advantages * mask_f
-    return advantages, (advantages + values.float()) * mask_f
+        packed[:, t] = running
+    advantages = torch.zeros_like(packed).scatter_(1, order, packed * mask_f)
+    return advantages, (advantages + values.float()) * mask.float()
 
 
 def _groups(rewards: torch.Tensor, group_size: int, needs: int = 2) -> torch.Tensor:

@@ -51,8 +51,12 @@ def split_batch(batch: Batch, n_chunks: int) -> list[Batch]:
 
 def samples_to_batch(samples, pad_id: int) -> Batch:
     """Pack rollout samples like pack_sequences, plus `rollout_logprobs` (B, L-1) aligned with the shifted targets
-    (zero outside loss_mask)."""
-    batch = pack_sequences([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id)
+    (zero outside loss_mask). A multi-turn sample's loss_mask covers the tokens the model sampled, not the
+    observations between its turns."""
+    batch = pack_masked([list(s.prompt_ids) + list(s.completion_ids) for s in samples],
+                        [[False] * len(s.prompt_ids) + (list(s.completion_mask) if s.completion_mask is not None
+                                                         else [True] * len(s.completion_ids)) for s in samples],
+                        pad_id)
     rollout = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
     for i, s in enumerate(samples):
         start = len(s.prompt_ids) - 1

@@ -59,3 +59,15 @@ class AlgorithmConfig:
     label_smoothing: float = 0.0  # dpo (sigmoid): assumed fraction of flipped labels
     dpo_nll_coef: float = 0.0  # dpo: + coef x per-token NLL of the chosen answer (RPO, Pang et al. 2024)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
+
+
+@dataclass
+class EnvConfig:
+    """Multi-turn rollouts against an environment (rollout.env). `name` unset = single-turn completions."""
+
+    name: Optional[str] = None  # package.module:ClassName, a rollout.env.Environment; one instance per trajectory
+    max_turns: int = 4  # model turns per trajectory
+    kwargs: dict = field(default_factory=dict)  # passed to the class's constructor
+    timeout_s: float = 30.0  # per reset/step; a step over it (or one that raises) ends its trajectory, reward 0
+    num_workers: int = 8  # threads stepping environments while the engines generate
+    observation_role: str = "user"  # the chat role of observations: user, or tool where the template has one

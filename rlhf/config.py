@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from common.errors import UserError
-from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
+from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
 from rlhf.tasks import TASKS
 from rollout.rewards import BUILTIN as BUILTIN_REWARDS
@@ -156,6 +156,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # stage rl: multi-turn rollouts (rollout.env)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -312,6 +313,7 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
             "placement.mode=split or rollout.overlap=false")
     _validate_sync(cfg, bad)
+    _validate_env(cfg, bad, choice, positive)
     for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
                        ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
@@ -340,6 +342,26 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     if cfg.trainer.batch_size > 0 and rollout_batch % cfg.trainer.batch_size:
         bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step x "
             f"rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
+
+
+def _validate_env(cfg: RunConfig, bad, choice, positive) -> None:
+    e = cfg.env
+    if e.name is None:
+        return
+    from rollout.env import load_environment
+    try:
+        load_environment(e.name)
+    except UserError as err:
+        p = str(err).split(": ", 1)
+        bad("env.name", e.name, p[1] if len(p) == 2 else str(err))
+    for key in ("max_turns", "timeout_s", "num_workers"):
+        positive(f"env.{key}", getattr(e, key))
+    choice("env.observation_role", e.observation_role, ("user", "tool"))
+    if cfg.rollout.overlap:
+        bad("rollout.overlap", True, "multi-turn rollouts (env.name) are generated within their step; set "
+            "rollout.overlap=false")
+    if cfg.reward.model_path is not None:
+        bad("reward.model_path", cfg.reward.model_path, "with env.name the environment gives the rewards; unset one")
 
 
 def _validate_sync(cfg: RunConfig, bad) -> None:

@@ -23,7 +23,7 @@ from common.errors import TrainingStopped
 from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
-from rlhf.evaluate import evaluate
+from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point
 from rlhf.metrics import MetricsLogger, RolloutDumps
 from rlhf.placement import seed_per_prompt
@@ -51,8 +51,10 @@ class RLController:
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
         self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
-        self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), r.prompts_per_step, cfg.seed)
-        self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+        multi_turn = cfg.env.name is not None  # the environment's reset() gives the first message, not a prompt
+        self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
+                                     r.prompts_per_step, cfg.seed)
+        self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)
         self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.renderer = make_renderer(cfg, self.model_path)
         self.warn_at = logprob_diff_warn(cfg)
@@ -65,6 +67,12 @@ class RLController:
         self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, self.resume_state["step"] if self.resume_state else -1)
         init_ray()
         self._start_workers()
+        self.trajectories = None  # env.name: multi-turn rollouts
+        if multi_turn:
+            from rollout.env import load_environment
+            from rollout.trajectory import TrajectoryRunner
+            self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
+                                                 cfg.env, r.max_model_len)
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
 
     def _start_workers(self) -> None:
@@ -187,17 +195,22 @@ class RLController:
             self.rollout.call("sleep")
 
     def _generate(self, step: int, attempt: int = 0):
+        if self.trajectories is not None:  # whole multi-turn trajectories (their stop ids: the runner's)
+            rows = self.prompts.next()
+            return rows, self.trajectories.run(rows, self._sampling(step, attempt, ()))
         rows, submitted = self._submit(step, attempt)
         return rows, self.rollout.collect(submitted)
 
     def _submit(self, step: int, attempt: int = 0):
-        r = self.cfg.rollout
         rows = self.prompts.next()
         ids = [self.renderer.prompt_ids(x["prompt"]) for x in rows]
-        sampling = SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                  n=r.n_samples, seed=self.seed_for(step, attempt),
-                                  stop_token_ids=self.renderer.stop_ids([x["prompt"] for x in rows]))
-        return rows, self.rollout.submit(ids, sampling)
+        stops = self.renderer.stop_ids([x["prompt"] for x in rows])
+        return rows, self.rollout.submit(ids, self._sampling(step, attempt, stops))
+
+    def _sampling(self, step: int, attempt: int, stops: tuple[int, ...]) -> SamplingConfig:
+        r = self.cfg.rollout
+        return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              n=r.n_samples, seed=self.seed_for(step, attempt), stop_token_ids=stops)
 
     def seed_for(self, step: int, attempt: int) -> Optional[int]:
         """Per-prompt sampling seeds (reproducible rollouts; on CPU by default), or None: the engine's own RNG."""
@@ -223,7 +236,9 @@ class RLController:
 
     def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Rewards from the reward model when configured (the task's own reward is then only logged), else from
-        the reward function."""
+        the reward function; for multi-turn trajectories, the sum of their environment's rewards."""
+        if self.trajectories is not None:
+            return torch.tensor([s.env.reward for s in samples]), env_metrics(samples)
         completions = [self.renderer.decode(s.completion_ids) for s in samples]
         task = torch.tensor(score_rows(self.reward_fn, [rows[s.prompt_index] for s in samples], completions))
         if self.reward_model is None:
@@ -264,6 +279,8 @@ class RLController:
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:
         self.rollout.call("wake_up", ["kv_cache"])
+        if self.trajectories is not None:
+            return evaluate_env(self.trajectories, self.eval_rows, self.cfg.eval)
         return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)
 
     def fit(self) -> dict[str, float]:

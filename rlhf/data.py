@@ -131,11 +131,13 @@ def _path(d: DataConfig, split: str, what: str) -> str:
     return path
 
 
-def prompt_rows(d: DataConfig, split: str, seed: int, need_answer: bool = False) -> list[dict]:
+def prompt_rows(d: DataConfig, split: str, seed: int, need_answer: bool = False,
+                need_prompt: bool = True) -> list[dict]:
     """Rows with a `prompt` (a string or messages) and, where the data has one, an `answer` (RL prompt sets need
     none). A row with a conversation in `data.messages_key` and no prompt column gets the conversation before its
     last assistant turn as `prompt` and that turn as `answer`, and keeps `messages` (SFT trains on every assistant
-    turn). `need_answer` (SFT) makes a row with a prompt but no answer an error."""
+    turn). `need_answer` (SFT) makes a row with a prompt but no answer an error; without `need_prompt`
+    (multi-turn: the environment's reset gives the first message) any JSON object is a row."""
     if d.task is not None:
         return tasks.make_rows(d, split, seed)
     path, rows = _path(d, split, "prompts"), []
@@ -143,7 +145,7 @@ def prompt_rows(d: DataConfig, split: str, seed: int, need_answer: bool = False)
     for where, row in _records(path, fields, optional=("prompt", "answer", "messages")):
         if "prompt" not in row and "messages" in row:
             row = _split_conversation(row, path, where)
-        elif "prompt" not in row:
+        elif "prompt" not in row and need_prompt:
             raise UserError(f"{path}:{where}: missing field {d.prompt_key!r} (has {sorted(row)}); set "
                             f"data.prompt_key to the column that holds the prompt, or data.messages_key to a "
                             "column of conversations")

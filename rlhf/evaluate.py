@@ -39,3 +39,23 @@ def _score(samples, renderer: PromptRenderer, rows: list[dict], reward_fn: Rewar
     """Rewards of `n` samples per row, in row order (prompts as the dataset holds them, metadata columns aligned)."""
     completions = [renderer.decode(s.completion_ids) for s in samples]
     return score_rows(reward_fn, [r for r in rows for _ in range(n)], completions), completions
+
+
+def evaluate_env(runner, rows: list[dict], cfg: EvalConfig) -> dict[str, float]:
+    """Multi-turn: one greedy trajectory per held-out row (rollout.trajectory.TrajectoryRunner). `eval/accuracy`:
+    the share whose summed reward reaches 1.0; `eval/turns`: model turns per trajectory."""
+    samples = runner.run(rows, SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=0.0))
+    rewards = [s.env.reward for s in samples]
+    return {"eval/reward_mean": sum(rewards) / len(rewards),
+            "eval/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "eval/turns": sum(s.env.turns for s in samples) / len(samples)}
+
+
+def env_metrics(samples) -> dict[str, float]:
+    """A multi-turn rollout's account: turns, seconds in the environment and sampled tokens per trajectory, and
+    how many trajectories an environment error or timeout ended."""
+    n = len(samples)
+    return {"rollout/turns": sum(s.env.turns for s in samples) / n,
+            "rollout/env_time": sum(s.env.env_time for s in samples) / n,
+            "rollout/env_errors": float(sum(s.env.error for s in samples)),
+            "rollout/sampled_tokens": sum(sum(s.completion_mask) for s in samples) / n}

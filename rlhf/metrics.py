@@ -81,7 +81,8 @@ class RolloutDumps:
                 f.write(json.dumps({
                     "step": step, "prompt": renderer.render_text(s.prompt_ids),
                     "completion": renderer.render_text(s.completion_ids), "reward": _plain(float(reward)),
-                    "finish_reason": s.finish_reason, "answer": rows[s.prompt_index].get("answer")}) + "\n")
+                    "finish_reason": s.finish_reason, "answer": rows[s.prompt_index].get("answer"),
+                    **({"turns": s.env.turns} if s.env is not None else {})}) + "\n")
 
 
 def read_metrics(run_dir: str) -> list[dict]:

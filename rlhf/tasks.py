@@ -1,4 +1,5 @@
-"""Built-in synthetic tasks with verifiable answers, generated from a seed: `sort` and `add`.
+"""Built-in synthetic tasks with verifiable answers, generated from a seed: `sort`, `add` and `guess` (rows for the
+multi-turn number-guessing environment, rollout.guess, with a demonstration conversation for SFT).
 
 Each task gives prompt/answer rows (SFT data and RL prompts) and preference pairs whose rejected side is a plausible
 mistake. Prompts look like `sort 17 203 5 88 =` -> ` 5 17 88 203`, and `add 123 + 45 =` -> ` 168`.
@@ -57,7 +58,22 @@ def add_mistake(rng: random.Random, row: dict) -> str:
     return " " + rng.choice(options)
 
 
-TASKS = {"sort": (sort_example, sort_mistake), "add": (add_example, add_mistake)}
+def guess_example(rng: random.Random, d: DataConfig) -> dict:
+    """`high` = data.max_value; the demonstration (`messages`) makes at most data.max_items guesses. As a single-turn
+    prompt (SFT evaluation) the answer is the secret: a first guess that hits it."""
+    from rollout.guess import demonstration, opening
+
+    secret = rng.randint(1, d.max_value)
+    return {"prompt": [{"role": "user", "content": opening(d.max_value)}], "answer": str(secret), "secret": secret,
+            "high": d.max_value, "messages": demonstration(rng, secret, d.max_value, d.max_items)}
+
+
+def guess_mistake(rng: random.Random, row: dict) -> str:
+    return str(rng.choice([v for v in range(1, row["high"] + 1) if v != row["secret"]] or [0]))
+
+
+TASKS = {"sort": (sort_example, sort_mistake), "add": (add_example, add_mistake),
+         "guess": (guess_example, guess_mistake)}
 
 
 def make_rows(d: DataConfig, split: str, seed: int) -> list[dict]:

@@ -26,6 +26,21 @@ class Sample:
     completion_ids: list[int]
     rollout_logprobs: list[float]
     finish_reason: str  # "stop" (an eos or stop token, kept as the last completion id) or "length"
+    # multi-turn (rollout.trajectory): true on the completion ids the model sampled, false on the observations
+    # between its turns (their rollout_logprobs are 0); None = every completion id was sampled
+    completion_mask: Optional[list[bool]] = None
+    env: Optional["EnvOutcome"] = None  # multi-turn: what the environment gave
+
+
+@dataclass
+class EnvOutcome:
+    """A trajectory's account from its environment: summed reward, model turns, seconds spent in reset/step, and
+    whether it ended on an environment error or timeout (then reward 0)."""
+
+    reward: float
+    turns: int
+    env_time: float
+    error: bool = False
 
 
 class RolloutEngine(Protocol):

@@ -2,6 +2,7 @@
 across engines and results come back in input order; a dead engine is restarted (weight syncs: rollout.sync)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
@@ -31,6 +32,7 @@ class RolloutGroup:
         self.on_restart: Optional[Callable[[int], None]] = None
         self.restarts = 0
         self.lives = [0] * len(engines)  # restarts per engine: a call sent before the last one needs no new restart
+        self._restarting = threading.Lock()  # multi-turn rollouts collect from several threads
 
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
@@ -108,12 +110,13 @@ class RolloutGroup:
         if not (error.died and error.role in self.roles and self.on_restart is not None):
             raise error
         i = self.roles.index(error.role)
-        if self.lives[i] > lives[i]:
-            return i
-        _wait_restarted(self.engines[i], error.role)
-        self.restarts += 1
-        self.lives[i] += 1
-        self.on_restart(i)
+        with self._restarting:
+            if self.lives[i] > lives[i]:
+                return i
+            _wait_restarted(self.engines[i], error.role)
+            self.restarts += 1
+            self.lives[i] += 1
+            self.on_restart(i)
         return i
 
     def shutdown(self) -> None:

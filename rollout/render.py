@@ -51,6 +51,11 @@ class PromptRenderer:
             eos = list(found) if isinstance(found, (list, tuple)) else [] if found is None else [found]
         return cls(tok, chat, eos)
 
+    @property
+    def close_id(self) -> Optional[int]:
+        """The token that closes an assistant turn in the chat template (`<|im_end|>`), None without one."""
+        return self._close_id
+
     # ---- prompts ----
     def uses_template(self, prompt: Prompt) -> bool:
         return not isinstance(prompt, str) or self.chat
@@ -118,6 +123,28 @@ class PromptRenderer:
             for j in span[:span.index(closes[-1]) + 1] if closes else span:
                 mask[j] = True
         return ids, mask
+
+    # ---- multi-turn ----
+    def turn_ids(self, content: str, role: str = "user", closed: bool = True) -> list[int]:
+        """Ids that follow a model turn of a multi-turn trajectory and open the model's next turn: what the chat
+        template writes after an assistant message (less its closing token when `closed`: the model sampled that),
+        `content` as a `role` message, then the generation prompt. The model's own ids are never re-rendered, so a
+        trajectory holds exactly what the engine produced. Without a chat template: `content`'s tokens."""
+        if not self.tokenizer.chat_template:
+            return self.tokenizer(content, add_special_tokens=False).input_ids
+        mark = "Z9q"
+        talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}]
+        before = self.tokenizer.apply_chat_template(talk, tokenize=False)
+        after = self.tokenizer.apply_chat_template(talk + [{"role": role, "content": content}], tokenize=False,
+                                                   add_generation_prompt=True)
+        if not after.startswith(before) or mark not in before:
+            raise RenderError(f"the chat template does not render a {role!r} message after an assistant turn as a "
+                              "continuation; set env.observation_role to a role it renders (user)")
+        text = before.rsplit(mark, 1)[1] + after[len(before):]
+        close = self.tokenizer.convert_ids_to_tokens(self.close_id) if self.close_id is not None else None
+        if closed and close and text.startswith(close):
+            text = text[len(close):]
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     # ---- internals ----
     def _as_messages(self, prompt: Prompt) -> Messages:

@@ -87,7 +87,12 @@ def math_reward(prompts: Sequence, completions: Sequence[str], answer: Sequence 
     return out
 
 
-BUILTIN = {"sort": sort_reward, "add": add_reward, "math": math_reward}
+def guess_reward(prompts: list, completions: list[str], secret: list, **_) -> list[float]:
+    """The guessing task as one turn (its SFT evaluation): 1.0 when the first guess is the secret."""
+    return [float(c.strip() == str(s)) for c, s in zip(completions, secret)]
+
+
+BUILTIN = {"sort": sort_reward, "add": add_reward, "math": math_reward, "guess": guess_reward}
 
 
 def load_reward_fn(spec: str) -> RewardFn:

@@ -32,6 +32,25 @@ def test_gae_lambda_one_gamma_one_is_return_minus_value():
     assert torch.allclose(ret, torch.ones(1, 3))
 
 
+def test_gae_skips_observation_tokens_between_turns():
+    """Multi-turn: model tokens at 1, 2 and 5, 6 (an observation at 3, 4; the prompt at 0). The recursion runs
+    over the model tokens as one sequence: turn 1's last token bootstraps from turn 2's first value, not from 0."""
+    rewards = torch.tensor([[9.0, 0.0, 0.0, 9.0, 9.0, 0.0, 1.0]])
+    values = torch.tensor([[9.0, 0.1, 0.2, 9.0, 9.0, 0.3, 0.4]])
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1]]).bool()
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    packed, _ = gae(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3, 0.4]]),
+                    torch.ones(1, 4, dtype=torch.bool), gamma=0.9, lam=0.5)
+    d = [0.9 * 0.2 - 0.1, 0.9 * 0.3 - 0.2, 0.9 * 0.4 - 0.3, 1.0 - 0.4]
+    a3 = d[3]
+    a2 = d[2] + 0.45 * a3
+    a1 = d[1] + 0.45 * a2
+    a0 = d[0] + 0.45 * a1
+    assert torch.allclose(packed, torch.tensor([[a0, a1, a2, a3]]), atol=1e-6)
+    assert torch.allclose(adv, torch.tensor([[0.0, a0, a1, 0.0, 0.0, a2, a3]]), atol=1e-6)
+    assert torch.allclose(ret, (adv + values) * mask, atol=1e-6)
+
+
 def test_grpo_uses_unbiased_std_per_group():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 3.0, 1.0, 2.0, 2.0])
     got = grpo(r, group_size=4, eps=0.0)

@@ -105,3 +105,30 @@ def test_chat_without_a_template_is_a_clear_error(foreign):
         foreign[0].prompt_ids(USER)
     with pytest.raises(UserError, match="role"):
         foreign[1].answer_ids(USER, [{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("which", ["foreign", "chatml"])
+def test_a_trajectory_of_sampled_turns_and_observations_is_the_templates_conversation(which, foreign, chatml):
+    """Turn ids as an engine samples them (ending with the turn-closing token), observations rendered by turn_ids:
+    the same ids the template gives the whole conversation, so nothing is re-tokenized or dropped between turns."""
+    r = chatml if which == "chatml" else foreign[1]
+    close = r.stop_ids(USER)[-1]
+    answers, observations = ["8", "12 maybe"], ["higher: 9 to 15"]
+    ids = r.prompt_ids(USER)
+    for i, answer in enumerate(answers):
+        ids += r.tokenizer(answer, add_special_tokens=False).input_ids + [close]
+        if i < len(observations):
+            ids += r.turn_ids(observations[i], closed=True)
+    conv = USER + [{"role": "assistant", "content": answers[0]}, {"role": "user", "content": observations[0]},
+                   {"role": "assistant", "content": answers[1]}]
+    full, mask = r.conversation_ids(conv)
+    closed_at = max(i for i, m in enumerate(mask) if m) + 1  # the template may write more after the last close
+    assert ids == full[:closed_at]
+    # a turn cut by the length limit has no closing token: the observation's ids close it
+    cut = r.turn_ids("lower", closed=False)
+    assert cut[0] == close and cut[1:] == r.turn_ids("lower", closed=True)
+
+
+def test_observations_without_a_chat_template_are_their_own_tokens(foreign):
+    plain = foreign[0]
+    assert plain.turn_ids("higher") == plain.tokenizer("higher", add_special_tokens=False).input_ids

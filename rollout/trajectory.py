@@ -1,0 +1,173 @@
+"""Multi-turn rollouts: many trajectories against their environments (rollout.env) at once, token-exact.
+
+A trajectory is its prompt ids, then each turn's sampled ids exactly as the engine produced them, then the
+observation rendered by the chat template as the next user/tool turn (`PromptRenderer.turn_ids`), and so on; only
+sampled ids are trained on and each has the engine's log-prob. A turn cut by `max_new_tokens` still goes to
+the environment (its observation then opens with the turn-closing token the model did not write). Trajectories advance independently: whenever some
+are ready for their next turn they go to the engines as one call, while the environments of those whose turn just
+ended step on worker threads. No turn-synchronous barrier: a slow environment delays only its own trajectory
+(`barrier=True` runs turn by turn instead, for the benchmark). Limits: `env.max_turns`; the context (a trajectory
+whose next turn would not fit `max_model_len` ends, finish_reason "length"); `env.timeout_s` per reset or step (a
+hung or raising environment ends its trajectory with reward 0 and is counted, never the run).
+
+Which trajectories share an engine call depends on timing, so multi-turn rollouts sample with the engines' own RNG
+(not per-prompt seeds) and are not bit-reproducible.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional, Sequence
+
+from common.options import EnvConfig
+from rollout.engine import EnvOutcome, Sample, SamplingConfig
+from rollout.render import PromptRenderer
+
+
+@dataclass
+class Trajectory:
+    prompt_index: int
+    env: object = None
+    ids: list[int] = field(default_factory=list)
+    prompt_len: int = 0
+    mask: list[bool] = field(default_factory=list)  # per completion id: sampled by the model
+    logprobs: list[float] = field(default_factory=list)
+    last_turn: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    env_time: float = 0.0
+    error: bool = False
+    finish_reason: str = "stop"
+
+    def sample(self) -> Sample:
+        return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:], self.logprobs,
+                      self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error))
+
+
+class EnvCalls:
+    """Environment calls on daemon threads, at most `limit` running. A call that outlives `timeout_s` is given up
+    (its thread left behind: Python cannot stop it, and as a daemon it cannot keep the process from exiting) and
+    frees its slot, so hung environments never stall the others."""
+
+    def __init__(self, limit: int, timeout_s: float):
+        self.limit, self.timeout_s = limit, timeout_s
+        self.queued: deque = deque()
+        self.running: dict[Future, tuple[object, float]] = {}  # future -> (trajectory, start time)
+
+    def submit(self, key, fn: Callable, *args) -> None:
+        self.queued.append((key, fn, args))
+        self._start()
+
+    def _start(self) -> None:
+        while self.queued and len(self.running) < self.limit:
+            key, fn, args = self.queued.popleft()
+            fut: Future = Future()
+            self.running[fut] = (key, time.monotonic())
+            threading.Thread(target=_run_into, args=(fut, fn, args), daemon=True).start()
+
+    def wait_timeout(self) -> Optional[float]:
+        """Seconds until the first running call's deadline."""
+        if not self.running:
+            return None
+        return max(0.0, min(s for _, s in self.running.values()) + self.timeout_s - time.monotonic()) + 0.01
+
+    def finished(self, done) -> list[tuple[object, Optional[Future], float]]:
+        """(key, future, seconds) of the calls that completed, then (key, None, seconds) of those now too late."""
+        now, out = time.monotonic(), []
+        for fut in [f for f in self.running if f in done]:
+            key, started = self.running.pop(fut)
+            out.append((key, fut, now - started))
+        for fut, (key, started) in list(self.running.items()):
+            if now - started > self.timeout_s:
+                del self.running[fut]
+                out.append((key, None, now - started))
+        self._start()
+        return out
+
+
+def _run_into(fut: Future, fn: Callable, args: tuple) -> None:
+    try:
+        fut.set_result(fn(*args))
+    except BaseException as e:  # handed to the runner, which ends that trajectory
+        fut.set_exception(e)
+
+
+class TrajectoryRunner:
+    """`run(rows, sampling)`: `sampling.n` trajectories per row through `group` (a RolloutGroup: submit/collect),
+    returned in row order as Samples, like single-turn generation."""
+
+    def __init__(self, group, renderer: PromptRenderer, env_cls: type, cfg: EnvConfig, max_model_len: int,
+                 barrier: bool = False, max_calls_in_flight: int = 2):
+        self.group, self.renderer, self.env_cls, self.cfg = group, renderer, env_cls, cfg
+        self.max_model_len, self.barrier, self.max_calls = max_model_len, barrier, max_calls_in_flight
+        self.chat = bool(renderer.tokenizer.chat_template)
+
+    def run(self, rows: Sequence[dict], sampling: SamplingConfig) -> list[Sample]:
+        trajs = [Trajectory(i) for i, _ in enumerate(rows) for _ in range(sampling.n)]
+        stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.chat else [""])
+        one = replace(sampling, n=1, seed=None, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids,
+                                                                                     *stops])))
+        envs, ready = EnvCalls(self.cfg.num_workers, self.cfg.timeout_s), []
+        generating: dict[Future, list[Trajectory]] = {}
+        with ThreadPoolExecutor(self.max_calls, thread_name_prefix="generate") as calls:
+            for t in trajs:
+                envs.submit(t, self._reset, t, rows[t.prompt_index])
+            while envs.running or envs.queued or generating or ready:
+                if ready and len(generating) < self.max_calls and not (
+                        self.barrier and (envs.running or envs.queued or generating)):
+                    generating[calls.submit(self._generate, ready, one)] = ready
+                    ready = []
+                    continue
+                done, _ = wait([*envs.running, *generating], timeout=envs.wait_timeout(),
+                               return_when=FIRST_COMPLETED)
+                for fut in [f for f in done if f in generating]:
+                    fut.result()  # an engine failure the group could not recover from ends the run here
+                    for t in generating.pop(fut):
+                        envs.submit(t, t.env.step, self.renderer.decode(t.last_turn))
+                for t, fut, seconds in envs.finished(done):
+                    t.env_time += seconds
+                    if self._after_env(t, fut, sampling.max_new_tokens):
+                        ready.append(t)
+        return [t.sample() for t in trajs]
+
+    def _reset(self, t: Trajectory, row: dict) -> str:
+        t.env = self.env_cls(**self.cfg.kwargs)
+        return t.env.reset(row)
+
+    def _generate(self, trajs: list[Trajectory], sampling: SamplingConfig) -> None:
+        samples = self.group.collect(self.group.submit([t.ids for t in trajs], sampling))
+        for t, s in zip(trajs, samples):
+            t.ids += s.completion_ids
+            t.mask += [True] * len(s.completion_ids)
+            t.logprobs += list(s.rollout_logprobs)
+            t.turns += 1
+            t.finish_reason, t.last_turn = s.finish_reason, list(s.completion_ids)
+
+    def _after_env(self, t: Trajectory, fut: Optional[Future], max_new_tokens: int) -> bool:
+        """An environment answered its reset or step (`fut`; None: it timed out): True when the trajectory goes
+        on to another turn, with the observation appended."""
+        error = fut is None or fut.exception() is not None
+        if error:  # hung or raised: this trajectory ends with reward 0, the run goes on
+            t.error, t.reward = True, 0.0
+            return False
+        result = fut.result()
+        if t.turns == 0:  # reset: the first user message
+            first = str(result)
+            t.ids = self.renderer.prompt_ids([{"role": "user", "content": first}] if self.chat else first)
+            t.prompt_len = len(t.ids)
+        else:
+            t.reward += float(result.reward)
+            if result.done or result.observation is None or t.turns >= self.cfg.max_turns:
+                return False
+            closed = bool(t.last_turn) and t.last_turn[-1] == self.renderer.close_id
+            obs = self.renderer.turn_ids(str(result.observation), self.cfg.observation_role, closed=closed)
+            t.ids += obs
+            t.mask += [False] * len(obs)
+            t.logprobs += [0.0] * len(obs)
+        if len(t.ids) + max_new_tokens > self.max_model_len:  # the next turn would not fit the context
+            t.finish_reason = "length"
+            return False
+        return True

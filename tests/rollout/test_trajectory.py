@@ -1,0 +1,97 @@
+"""Multi-turn trajectories through the real vLLM engine: token-exact (sampled ids kept, observations rendered by the
+chat template), the engine's log-probs agree with the trainer's over whole trajectories, only sampled ids are
+trained, and a hanging or raising environment ends its own trajectory and is counted."""
+import pytest
+import torch
+
+from algorithms.logprobs import token_logprobs
+from common.batch import logprob_diff, samples_to_batch
+from common.errors import UserError
+from common.options import EnvConfig
+from rollout.engine import SamplingConfig
+from rollout.env import StepResult, call_tool, load_environment
+from rollout.guess import GuessNumber, demonstration
+from rollout.render import PromptRenderer
+from tests.envs.toy import Echo
+
+ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_mb=16)
+
+
+def test_load_environment_names_what_is_wrong():
+    assert load_environment("tests.envs.toy:Echo") is Echo
+    for name, why in (("tests.envs.toy", "package.module:ClassName"), ("nowhere.at_all:X", "cannot import"),
+                      ("tests.envs.toy:Nope", "has no 'Nope'"), ("rollout.env:call_tool", "must be a class")):
+        with pytest.raises(UserError, match=why):
+            load_environment(name)
+
+
+def test_call_tool_runs_the_named_tool_or_says_which_exist():
+    tools = {"double": lambda s: str(2 * int(s))}
+    assert call_tool("let me see <tool>double(21)</tool>", tools) == "42"
+    assert call_tool("<tool>triple(2)</tool>", tools) == "error: no tool 'triple'; tools: double"
+    assert call_tool("42", tools) is None
+
+
+def test_guess_number_answers_with_the_open_range():
+    env = GuessNumber()
+    assert env.reset({"secret": 6, "high": 15}) == "guess 1 to 15"
+    assert env.step("8") == StepResult("lower, 1 to 7", 0.0, False)
+    assert env.step("3") == StepResult("higher, 4 to 7", 0.0, False)
+    assert env.step("no idea") == StepResult("a number, 4 to 7", 0.0, False)
+    assert env.step(" 6") == StepResult(None, 1.0, True)
+    import random
+    demo = demonstration(random.Random(0), 6, 15, max_turns=6)
+    assert demo[0]["content"] == "guess 1 to 15" and demo[-1] == {"role": "assistant", "content": "6"}
+
+
+@pytest.mark.slow
+def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_envs(ray_local, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rollout.group import RolloutGroup
+    from rollout.trajectory import TrajectoryRunner
+
+    renderer = PromptRenderer.from_pretrained(tiny_model_dir)
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE))
+    rows = [{"word": "a"}, {"word": "b", "hang": True}, {"word": "c", "explode": True}, {"word": "d"}]
+    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=2.0, num_workers=4)
+    runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
+    try:
+        samples = runner.run(rows, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
+    finally:
+        group.shutdown()
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for s, row in zip(samples, [r for r in rows for _ in (0, 1)]):
+        bad = row.get("hang") or row.get("explode")
+        assert s.env.error == bool(bad) and s.env.turns == (2 if bad else 3)
+        assert (s.env.reward == 0.0) if bad else s.env.reward >= 0.75
+        assert s.prompt_ids == renderer.prompt_ids([{"role": "user", "content": f"say {row['word']}"}])
+        _check_turns(s, renderer, turns=s.env.turns)
+    assert sum(s.env.env_time for s in samples if row_hung(s, rows)) >= 2 * cfg.timeout_s  # the hang was waited out
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    batch = samples_to_batch(samples, renderer.pad_id)
+    with torch.no_grad():
+        lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
+                            batch["input_ids"][:, 1:])
+    assert logprob_diff(lp, batch) < 1e-3  # over every sampled token of every turn
+    assert batch["loss_mask"].sum() == sum(sum(s.completion_mask) for s in samples)
+
+
+def row_hung(sample, rows) -> bool:
+    return bool(rows[sample.prompt_index].get("hang"))
+
+
+def _check_turns(s, renderer, turns: int) -> None:
+    """The completion is sampled turns with the observations between them exactly as turn_ids renders them."""
+    ids, mask, i = s.completion_ids, s.completion_mask, 0
+    for turn in range(turns):
+        start = i
+        while i < len(ids) and mask[i]:
+            i += 1
+        assert i > start  # a sampled turn
+        if turn < turns - 1 and i < len(ids):
+            sampled = ids[start:i]
+            obs = renderer.turn_ids(f"turn {turn + 1} done", closed=sampled[-1] == renderer.close_id)
+            assert ids[i:i + len(obs)] == obs and not any(mask[i:i + len(obs)])
+            i += len(obs)
