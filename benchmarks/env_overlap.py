@@ -2,7 +2,7 @@
 generates other trajectories' turns (rollout.trajectory's default) against turn-synchronous rollouts (every
 trajectory's turn generated, then every environment stepped, then the next turn), the same work in both.
 
-    python benchmarks/env_overlap.py [--size 1M] [--rows 32] [--n 4] [--sleep 0.2] [--workers 16] [--repeats 3]
+    python benchmarks/env_overlap.py [--size 1M] [--rows 32] [--n 4] [--sleep 0.5] [--workers 64] [--repeats 3]
 
 The environment is the number-guessing game (rollout.guess) with a fixed sleep in every step, as a tool call or a
 sandbox would take. One vLLM engine in a Ray actor; the modes alternate, the table gives medians and the ratio.
@@ -36,8 +36,8 @@ def main() -> None:
     p.add_argument("--size", default="1M", choices=sorted(SIZES))
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--n", type=int, default=4, help="trajectories per row")
-    p.add_argument("--sleep", type=float, default=0.2, help="seconds per environment step")
-    p.add_argument("--workers", type=int, default=16, help="env.num_workers (both modes)")
+    p.add_argument("--sleep", type=float, default=0.5, help="seconds per environment step")
+    p.add_argument("--workers", type=int, default=64, help="env.num_workers (both modes)")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
