@@ -12,8 +12,9 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from common.batch import Batch, length_grouped, map_grouped, split_batch
+from common.batch import Batch, grouped_rows, length_grouped, map_grouped, split_batch
 from common.options import TrainerConfig
+from common.packing import micro_batches_needed, token_budget_groups
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -209,13 +210,12 @@ class DSModel:
         """
         count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
         normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
-        gas = self.engine.gradient_accumulation_steps()
-        if len(mini["input_ids"]) % gas:
-            raise ValueError(f"cannot split {len(mini['input_ids'])} rows into {gas} equal micro-batches")
-        micro_batches = [dict(mb, row=rows) for rows, mb in length_grouped(mini, len(mini["input_ids"]) // gas, unit)]
+        micro_batches = [dict(mb, row=rows) for rows, mb in self._micro_batches(mini, unit)]
         loss_sum, grad_norm, sums, weight, bad = 0.0, None, {}, 0.0, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):
+            # the last micro-batch is the boundary, however many there are (token budgets vary the count)
+            self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
             mb = self.on_device(mb)
             loss, m = loss_fn(mb, self(mb), normalizer)
             bad += float(not torch.isfinite(loss.detach()).all())
@@ -242,6 +242,23 @@ class DSModel:
         metrics["train/lr"] = self.engine.get_lr()[0]
         metrics["train/skipped_updates"] = float(skipped)
         return metrics
+
+    def _micro_batches(self, mini: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:
+        """`mini` in micro-batches of trainer.micro_batch_size rows, or under trainer.max_tokens_per_micro_batch as
+        many as the padded-token budget needs: the most any rank needs (ZeRO's collectives run once per micro-batch,
+        so every rank runs as many), at most as many as the fewest rows any rank has."""
+        rows = len(mini["input_ids"])
+        budget = self.cfg.max_tokens_per_micro_batch
+        if budget is None:
+            gas = self.engine.gradient_accumulation_steps()
+            if rows % gas:
+                raise ValueError(f"cannot split {rows} rows into {gas} equal micro-batches")
+            return length_grouped(mini, rows // gas, unit)
+        lengths = mini["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
+        need = torch.tensor([micro_batches_needed(lengths, budget // unit), -len(lengths)], dtype=torch.float64)
+        need = self.all_reduce_max(need)
+        groups = token_budget_groups(lengths, int(min(need[0].item(), -need[1].item())))
+        return [grouped_rows(mini, torch.tensor([u * unit + j for u in g for j in range(unit)])) for g in groups]
 
     def _global_means(self, sums: dict[str, float], weight: float) -> dict[str, float]:
         """Each micro-batch metric (a mean over its tokens, or pairs) as one mean over every rank's micro-batches,
@@ -281,6 +298,13 @@ class DSModel:
             return x.cpu()
         x = x.to(self.device)
         torch.distributed.all_reduce(x)
+        return x.cpu()
+
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return x.cpu()
+        x = x.to(self.device)
+        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
         return x.cpu()
 
     def save_checkpoint(self, path: str, tag: str) -> None:

@@ -9,6 +9,7 @@ import torch
 
 from common.batch import Batch, even_spans, split_batch
 from common.net import node_address
+from common.packing import deal_by_length
 from common.remote import make_actor, ray_get
 
 
@@ -23,6 +24,7 @@ class ActorGroup:
         probe = ray.remote(node_address).options(num_cpus=0, **_placement_only(options[0]))
         addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
         self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
+        self._order: Optional[torch.Tensor] = None  # the last train_step's row order (dealt by length), if any
         self.roles = [f"{role} {i}" for i in range(world_size)]
         self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size, master_addr=addr,
                                   master_port=port, **kwargs) for i in range(world_size)]
@@ -38,13 +40,25 @@ class ActorGroup:
         return self._wait([call(a) for a in self.actors])
 
     # ---- typed methods ----
-    def train_step(self, batch: Batch, algo=None) -> dict[str, float]:
+    def train_step(self, batch: Batch, algo=None, mini_batches: int = 0) -> dict[str, float]:
         """One update on the whole batch (each rank trains on its shard): the workers' `train_step`, i.e. the RL
-        policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic)."""
+        policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic). With
+        `mini_batches` = n > 0 (token-budget micro-batches), the rows of each of the n mini-batches are dealt to the
+        ranks by length (common.packing.deal_by_length), so no rank waits for one that got the long rows."""
+        self._order = None
+        if mini_batches and self.world_size > 1:
+            self._order = deal_by_length(batch["attention_mask"].sum(1), self.world_size, mini_batches)
+            batch = {k: v[self._order] for k, v in batch.items()}
         return self._scatter(lambda a, b: a.train_step.remote(b, algo), batch)[0]
 
     def step_logprobs(self) -> torch.Tensor:
-        return torch.cat(self._all(lambda a: a.step_logprobs.remote()))
+        """The last train_step's own log-probs, in the batch's row order."""
+        out = torch.cat(self._all(lambda a: a.step_logprobs.remote()))
+        if self._order is None:
+            return out
+        restored = torch.empty_like(out)
+        restored[self._order] = out
+        return restored
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))

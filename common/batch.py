@@ -100,18 +100,21 @@ def length_grouped(batch: Batch, size: int, unit: int = 1) -> list[tuple[torch.T
     Columns are cut only where every row of the micro-batch is padding (right padding, as pack_sequences makes).
     Tensors (B, L) are cut to width w, (B, L-1) to w-1; others, e.g. (B,), are only reordered.
     """
-    rows, width = batch["input_ids"].shape
+    rows = len(batch["input_ids"])
     if rows % unit or size % unit:
         raise ValueError(f"{rows} rows in micro-batches of {size} cannot keep {unit}-row units whole")
     unit_len = batch["attention_mask"].sum(1).view(-1, unit).max(1).values
     order = torch.argsort(unit_len, descending=True, stable=True)
     row_order = (order[:, None] * unit + torch.arange(unit)).flatten()
-    out = []
-    for idx in row_order.split(size):
-        used = batch["attention_mask"][idx].any(0).nonzero()
-        w = int(used.max()) + 1 if len(used) else 1
-        out.append((idx, {k: _cut(v[idx], width, w) for k, v in batch.items()}))
-    return out
+    return [grouped_rows(batch, idx) for idx in row_order.split(size)]
+
+
+def grouped_rows(batch: Batch, idx: torch.Tensor) -> tuple[torch.Tensor, Batch]:
+    """(idx, the rows `idx` of `batch` cut to their longest row): one micro-batch."""
+    width = batch["input_ids"].shape[1]
+    used = batch["attention_mask"][idx].any(0).nonzero()
+    w = int(used.max()) + 1 if len(used) else 1
+    return idx, {k: _cut(v[idx], width, w) for k, v in batch.items()}
 
 
 def _cut(t: torch.Tensor, width: int, w: int) -> torch.Tensor:

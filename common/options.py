@@ -30,6 +30,9 @@ class TrainerConfig:
     world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
     max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
     offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
+    # micro-batches by padded tokens (rows x longest row) instead of micro_batch_size rows: as many rows as fit,
+    # longest first, the same count on every rank (common.packing); null = micro_batch_size rows
+    max_tokens_per_micro_batch: Optional[int] = None
 
 
 @dataclass

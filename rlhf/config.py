@@ -236,6 +236,8 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
         bad("trainer.warmup_steps/weight_decay/max_bad_steps", (tr.warmup_steps, tr.weight_decay, tr.max_bad_steps),
             "must be >= 0")
     positive("trainer.world_size", tr.world_size)
+    if tr.max_tokens_per_micro_batch is not None:
+        positive("trainer.max_tokens_per_micro_batch", tr.max_tokens_per_micro_batch)
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
         bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "
             f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")
@@ -351,9 +353,8 @@ def _validate_env(cfg: RunConfig, bad, choice, positive) -> None:
     from rollout.env import load_environment
     try:
         load_environment(e.name)
-    except UserError as err:
-        p = str(err).split(": ", 1)
-        bad("env.name", e.name, p[1] if len(p) == 2 else str(err))
+    except UserError as err:  # its message begins "env.name = ...: "
+        bad("env.name", e.name, str(err).split(": ", 1)[-1])
     for key in ("max_turns", "timeout_s", "num_workers"):
         positive(f"env.{key}", getattr(e, key))
     choice("env.observation_role", e.observation_role, ("user", "tool"))

@@ -124,12 +124,15 @@ class RLController:
             if self.critic is not None:
                 batch["old_values"] = self.critic.compute_values(batch)
         self._advantages(batch, rewards)
+        # token-budget micro-batches: each mini-batch's rows are dealt to the ranks by length
+        deal = len(batch["input_ids"]) // self.cfg.trainer.batch_size \
+            if self.cfg.trainer.max_tokens_per_micro_batch else 0
         with t("train"):
-            metrics.update(self.policy.train_step(batch, a))
+            metrics.update(self.policy.train_step(batch, a, deal))
             if self.fused_old_logprobs:
                 batch["old_logprobs"] = self.policy.step_logprobs()
             if self.critic is not None:
-                metrics.update(self.critic.train_step(batch, a))
+                metrics.update(self.critic.train_step(batch, a, deal))
         with t("sync"):
             self._sync_weights()
         metrics.update(self._rollout_metrics(batch, rewards, samples))

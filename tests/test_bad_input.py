@@ -57,6 +57,7 @@ CONFIGS = [
     ("env-zero-turns", RL + "env:\n  name: tests.envs.toy:Echo\n  max_turns: 0\n", [], "env.max_turns = 0"),
     ("env-overlap", RL + "env:\n  name: tests.envs.toy:Echo\nrollout:\n  overlap: true\nalgorithm:\n  tis_cap: 2.0\n",
      [], "multi-turn rollouts (env.name) are generated within their step"),
+    ("token-budget-zero", "trainer:\n  max_tokens_per_micro_batch: 0\n", [], "trainer.max_tokens_per_micro_batch = 0"),
     ("unknown-sync-channel", RL + "rollout:\n  sync_channel: nccl\n", [], "rollout.sync_channel = 'nccl'"),
     ("cuda-ipc-split", RL + "rollout:\n  sync_channel: ipc\nplacement:\n  mode: split\n  num_gpus: 4\n", [],
      "CUDA IPC needs every engine on a trainer rank's GPU"),

@@ -65,8 +65,8 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean", "token-mean"])
 def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg):
-    """The same rows give the same update whether trained as one micro-batch of 16 or as four of 4 (each cut to its
-    own longest row by length grouping). Dr. GRPO's seq-mean-token-sum-norm divides by a constant (the generation
+    """The same rows give the same update whether trained as one micro-batch of 16, as four of 4 (each cut to its
+    own longest row by length grouping), or by a token budget (trainer.max_tokens_per_micro_batch). Dr. GRPO's seq-mean-token-sum-norm divides by a constant (the generation
     budget), not by a micro-batch's width, which differs between the two splits."""
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     # very uneven answer lengths: keep only each row's first 1..16 answer tokens in the loss
@@ -76,18 +76,25 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
     advantages = torch.randn(len(batch["input_ids"]), 1, generator=torch.Generator().manual_seed(0)) \
         * batch["loss_mask"]
     algo = AlgorithmConfig(loss_agg=agg, loss_norm_len=32)
-    trainers = [PolicyTrainer(tiny_model_dir, TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=m,
-                                                            warmup_steps=0)) for m in (16, 4)]
+    longest = int(batch["attention_mask"].sum(1).max())
+    configs = [TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=m, warmup_steps=0) for m in (16, 4)]
+    # micro-batches by padded tokens: as many rows as fit 3 of the longest, so their row counts differ
+    configs.append(TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0,
+                                 max_tokens_per_micro_batch=3 * longest))
+    trainers = [PolicyTrainer(tiny_model_dir, c) for c in configs]
+    sizes = [len(rows) for rows, _ in trainers[2].ds._micro_batches(batch, 1)]
+    assert sum(sizes) == 16 and sizes[0] <= 3 and len(set(sizes)) > 1, sizes
     # off-policy old log-probs: ratios and clipping vary token by token, so a wrongly weighted metric shows
     old = trainers[0].compute_logprobs(batch) + 0.3 * torch.randn(batch["loss_mask"].shape,
                                                                   generator=torch.Generator().manual_seed(1))
-    whole, split = [t.rl_step(dict(batch, old_logprobs=old, advantages=advantages), algo) for t in trainers]
-    # (not the weights: AdamW's first step is lr * sign(g), which turns rounding in ~0 gradients into lr)
-    assert split["policy/loss"] == pytest.approx(whole["policy/loss"], rel=1e-5)
-    assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
-    # metrics too: weighted by the loss's unit (tokens for token-mean, else rows), not a plain mean of micro-batches
-    for key in ("policy/entropy", "policy/clip_frac", "policy/ratio_mean"):
-        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+    whole, *splits = [t.rl_step(dict(batch, old_logprobs=old, advantages=advantages), algo) for t in trainers]
+    for split in splits:
+        # (not the weights: AdamW's first step is lr * sign(g), which turns rounding in ~0 gradients into lr)
+        assert split["policy/loss"] == pytest.approx(whole["policy/loss"], rel=1e-5)
+        assert split["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+        # metrics too: weighted by the loss's unit (tokens for token-mean, else rows), not a plain mean
+        for key in ("policy/entropy", "policy/clip_frac", "policy/ratio_mean"):
+            assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
 
 
 def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):

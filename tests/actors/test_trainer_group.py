@@ -35,13 +35,15 @@ def reference_weights(model_dir, batches, grad_clip):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [3])
-def test_two_rank_zero_group_matches_single_process_reference(ray_local, tiny_model_dir, zero_stage):
+@pytest.mark.parametrize("zero_stage,budget", [(3, None), (3, 50)])  # 50: the ranks need 6 and 7, 7 and 6, ...
+def test_two_rank_zero_group_matches_single_process_reference(ray_local, tiny_model_dir, zero_stage, budget):
+    """Two ZeRO ranks train like one process; with a token budget per micro-batch too, where the ranks' rows need
+    different numbers of micro-batches and must agree on one (ZeRO-3 gathers once per micro-batch)."""
     from actors.policy import PolicyTrainer
 
     batches = sft_batches(tiny_model_dir)
     tr = TrainerConfig(lr=LR, batch_size=16, micro_batch_size=4, warmup_steps=0, zero_stage=zero_stage,
-                       grad_clip=1.0)
+                       grad_clip=1.0, max_tokens_per_micro_batch=budget)
     group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=tr)
     try:
         initial = dict(group.export_weights())
@@ -81,3 +83,24 @@ def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
     assert split.shape == whole.shape == (5, batch["input_ids"].shape[1] - 1)
     real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
     assert torch.allclose(split[real], whole[real], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_rows_dealt_to_ranks_by_length_come_back_in_row_order(ray_local, tiny_model_dir):
+    """Token-budget training deals each mini-batch's rows to the ranks by length; the fused old log-probs
+    (step_logprobs) still come back in the batch's order, equal to a separate pass before the update."""
+    from actors.policy import PolicyTrainer
+    from rlhf.config import AlgorithmConfig
+
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    tr = TrainerConfig(lr=LR, batch_size=16, micro_batch_size=8, warmup_steps=0, max_tokens_per_micro_batch=64)
+    group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=tr)
+    try:
+        old = group.compute_logprobs(batch)
+        advantages = torch.randn(16, 1, generator=torch.Generator().manual_seed(0)) * batch["loss_mask"]
+        group.train_step(dict(batch, advantages=advantages), AlgorithmConfig(), mini_batches=1)
+        assert not torch.equal(group._order, torch.arange(16))  # the rows were dealt, not cut in halves
+        real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
+        assert torch.allclose(group.step_logprobs()[real], old[real], atol=1e-6)
+    finally:
+        group.kill()

@@ -58,16 +58,15 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
     runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
     try:
         samples = runner.run(rows, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
+        _check(samples, rows, renderer, cfg)
+        # The context limit: a trajectory whose next turn would not fit max_model_len ends there, as "length".
+        limit = len(samples[0].prompt_ids) + 14
+        short = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=limit)
+        for s in short.run(rows[:1], SamplingConfig(max_new_tokens=6, temperature=1.0, n=2)):
+            assert s.finish_reason == "length" and s.env.turns < 3 and not s.env.error
+            assert len(s.prompt_ids) + len(s.completion_ids) + 6 > limit
     finally:
         group.shutdown()
-    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
-    for s, row in zip(samples, [r for r in rows for _ in (0, 1)]):
-        bad = row.get("hang") or row.get("explode")
-        assert s.env.error == bool(bad) and s.env.turns == (2 if bad else 3)
-        assert (s.env.reward == 0.0) if bad else s.env.reward >= 0.75
-        assert s.prompt_ids == renderer.prompt_ids([{"role": "user", "content": f"say {row['word']}"}])
-        _check_turns(s, renderer, turns=s.env.turns)
-    assert sum(s.env.env_time for s in samples if row_hung(s, rows)) >= 2 * cfg.timeout_s  # the hang was waited out
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     batch = samples_to_batch(samples, renderer.pad_id)
@@ -76,6 +75,17 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
                             batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-3  # over every sampled token of every turn
     assert batch["loss_mask"].sum() == sum(sum(s.completion_mask) for s in samples)
+
+
+def _check(samples, rows, renderer, cfg) -> None:
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for s, row in zip(samples, [r for r in rows for _ in (0, 1)]):
+        bad = row.get("hang") or row.get("explode")
+        assert s.env.error == bool(bad) and s.env.turns == (2 if bad else 3)
+        assert (s.env.reward == 0.0) if bad else s.env.reward >= 0.75
+        assert s.prompt_ids == renderer.prompt_ids([{"role": "user", "content": f"say {row['word']}"}])
+        _check_turns(s, renderer, turns=s.env.turns)
+    assert sum(s.env.env_time for s in samples if row_hung(s, rows)) >= 2 * cfg.timeout_s  # the hang was waited out
 
 
 def row_hung(sample, rows) -> bool:

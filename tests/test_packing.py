@@ -1,0 +1,48 @@
+"""Token-budget micro-batches and length-balanced rank shards (common.packing), on hand-made lengths."""
+import pytest
+import torch
+
+from common.packing import deal_by_length, micro_batches_needed, token_budget_groups
+
+
+def padded(lengths, group) -> int:
+    return len(group) * max(lengths[i] for i in group)
+
+
+def test_groups_fit_the_budget_cover_every_row_once_and_keep_long_rows_apart():
+    lengths = [30, 5, 12, 28, 6, 7, 31, 5]
+    need = micro_batches_needed(lengths, budget=64)
+    groups = token_budget_groups(lengths, need)
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert all(padded(lengths, g) <= 64 for g in groups)
+    assert need == 3  # longest first: 31 30 (62) | 28 12 (56) | 7 6 5 5 (28); 8 rows of 31 would be 248
+    # three micro-batches cut where the costliest is smallest: 31 | 30 28 (60) | 12 7 6 5 5 (60)
+    assert groups == [[6], [0, 3], [2, 5, 4, 1, 7]]
+    # more micro-batches than needed (another rank needs them): the costliest is split, still every row once
+    more = token_budget_groups(lengths, 6)
+    assert len(more) == 6 and sorted(i for g in more for i in g) == list(range(8))
+    assert max(padded(lengths, g) for g in more) <= max(padded(lengths, g) for g in groups)
+    # fewer than needed (a rank has few rows): the budget is exceeded as little as it can be
+    two = token_budget_groups(lengths, 2)
+    assert len(two) == 2 and max(padded(lengths, g) for g in two) == 93  # 31 30 28 (93) | 12 7 6 5 5 (60)
+    with pytest.raises(ValueError):
+        token_budget_groups(lengths, 9)
+
+
+def test_a_row_over_the_budget_is_a_micro_batch_of_its_own():
+    assert micro_batches_needed([100, 3, 3], budget=10) == 2
+    assert token_budget_groups([100, 3, 3], 2) == [[0], [1, 2]]
+
+
+def test_dealing_by_length_balances_ranks_and_keeps_each_mini_batch_whole():
+    lengths = torch.tensor([40, 1, 2, 39, 3, 38, 4, 37, 10, 11, 12, 13, 50, 51, 52, 53])
+    order = deal_by_length(lengths, world_size=2, n_mini=2)
+    assert sorted(order.tolist()) == list(range(16))
+    shards = order.view(2, 8)  # rank 0's rows, rank 1's rows
+    for rank in range(2):
+        first, second = shards[rank, :4], shards[rank, 4:]
+        assert (first < 8).all() and (second >= 8).all()  # mini-batch 0's rows, then mini-batch 1's
+    work = [lengths[s].sum().item() for s in shards]
+    assert abs(work[0] - work[1]) <= 10  # contiguous halves would give 164 against 252
+    with pytest.raises(ValueError):
+        deal_by_length(lengths[:15], 2, 2)
