@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import SIZES, build, print_table  # noqa: E402
+from benchmarks.helpers import SIZES, build, print_table  # noqa: E402
 from rollout.guess import GuessNumber  # noqa: E402
 
 

@@ -110,7 +110,7 @@ def train_elsewhere(model_dir: str, steps: int, batch: int = 32, lr: float = 1e-
 
 
 def main() -> None:
-    from benchmarks.common import print_table
+    from benchmarks.helpers import print_table
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sft-steps", type=int, default=1200)

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import SIZES, median_time, print_table  # noqa: E402
+from benchmarks.helpers import SIZES, median_time, print_table  # noqa: E402
 from rlhf.config import TinyModelConfig, TrainerConfig  # noqa: E402
 
 SHAPES = {"0.5B": (TinyModelConfig(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,

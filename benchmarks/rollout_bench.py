@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import SIZES, build, n_params, print_table  # noqa: E402
+from benchmarks.helpers import SIZES, build, n_params, print_table  # noqa: E402
 
 
 def bench(engine: str, n_engines: int, path: str, prompts, sampling, repeats: int) -> list:

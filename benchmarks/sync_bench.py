@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import SIZES, build, median_time, n_params, print_table  # noqa: E402
+from benchmarks.helpers import SIZES, build, median_time, n_params, print_table  # noqa: E402
 
 
 class Hybrid:

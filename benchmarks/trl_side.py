@@ -107,9 +107,10 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=64, help="prompts (grpo) or pairs (dpo) per step")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the cores TRL may use)")
     a = p.parse_args()
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     rows = [json.loads(line) for line in open(a.data, encoding="utf-8")]
     tok = AutoTokenizer.from_pretrained(a.model)

@@ -1,20 +1,23 @@
 """This project vs Hugging Face TRL on identical inputs, in one run on one machine.
 
-    python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps
+    python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps, TRL on every core
+    python benchmarks/vs_trl.py --trl-threads 1 --ours 1x1   # one thread each
     python benchmarks/vs_trl.py --algo dpo
     python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
     python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
-.cache/vs_trl/), use fp32, one torch thread per process, the same prompts in the same order, the same reward
-function, constant LR, no KL, clip 0.2, one optimizer step per step. GRPO: 64 prompts x 8 samples, <= 16 new tokens,
-temperature 1, lr 5e-4. DPO: 64 pairs per step, beta 0.1 plus the chosen NLL on both sides (TRL's
-loss_type [sigmoid, sft]; ours algorithm.dpo_nll_coef=1), lr 1e-4 (the DPO recipe's; 5e-4 unlearns the task).
-TRL lives in its own virtualenv (.cache/trl-venv, pinned below), created on first use.
+.cache/vs_trl/), use fp32, the same prompts in the same order, the same reward function, constant LR, no KL, clip
+0.2, one optimizer step per step. Each of our processes (trainer ranks, engines) has one torch thread; TRL has
+`--trl-threads` (default: the machine's cores, which our `--equal` configuration's processes share). GRPO: 64
+prompts x 8 samples, <= 16 new tokens, temperature 1, lr 5e-4. DPO: 64 pairs per step, beta 0.1 plus the chosen
+NLL on both sides (TRL's loss_type [sigmoid, sft]; ours algorithm.dpo_nll_coef=1), lr 1e-4 (the DPO recipe's; 5e-4
+unlearns the task). TRL lives in its own virtualenv (.cache/trl-venv, pinned below), created on first use.
 
 Prints: median seconds per step, generated tokens/s (completion tokens / step time), peak RSS of all processes
-together, start-up seconds, greedy eval exact-match of both final models (scored by the same code), our phase
-breakdown, and `ratio: <ours/TRL median step time>`.
+together, start-up seconds, the whole run's wall time (start-up, steps, evaluation, saving), greedy eval
+exact-match of both final models (scored by the same code), our phase breakdown, and per configuration
+`ratio: <ours/TRL a step>, <ours/TRL the whole run>`, the equal-cores one last.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import n_params, print_table  # noqa: E402
+from benchmarks.helpers import n_params, print_table  # noqa: E402
 from benchmarks.peak_memory import measure  # noqa: E402
 
 TRL_PINS = ["trl==1.13.0", "transformers==5.19.0", "accelerate==1.15.0", "torch==2.13.0", "datasets==5.2.0",
@@ -123,7 +126,7 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases)
 
 
-def run_trl(algo: str, model: str, rows: list[dict], steps: int) -> dict:
+def run_trl(algo: str, model: str, rows: list[dict], steps: int, threads: int = 1) -> dict:
     out = os.path.join(CACHE, f"trl-{algo}-{time.strftime('%H%M%S')}")
     os.makedirs(out, exist_ok=True)
     data = os.path.join(out, "rows.jsonl")
@@ -132,13 +135,15 @@ def run_trl(algo: str, model: str, rows: list[dict], steps: int) -> dict:
     python = trl_python()
     code, peak, wall = measure([python, os.path.join(ROOT, "benchmarks", "trl_side.py"), algo, "--model", model,
                                 "--data", data, "--out", out, "--steps", str(steps),
-                                "--lr", "1e-4" if algo == "dpo" else "5e-4"], cwd=out, env=run_env())
+                                "--lr", "1e-4" if algo == "dpo" else "5e-4", "--threads", str(threads)],
+                               cwd=out, env=dict(run_env(), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)))
     assert code == 0, f"TRL run failed (exit {code}); see {out}"
     log = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
     step_rows = [r for r in log if "step" in r]
     step_s = [r["seconds"] for r in step_rows]
     tokens = [r.get("completions/mean_length", 0.0) * 512 for r in step_rows]
-    return dict(name="TRL 1.13", wall=wall, peak=peak, steps=step_s, tokens=tokens, startup=wall - sum(step_s),
+    name = f"TRL 1.13 ({threads} thread{'s' * (threads > 1)})"
+    return dict(name=name, wall=wall, peak=peak, steps=step_s, tokens=tokens, startup=wall - sum(step_s),
                 model=os.path.join(out, "final"), phases={})
 
 
@@ -164,14 +169,16 @@ def report(results: list[dict], start_em: float, algo: str) -> None:
         rows.append([r["name"], med, tok_s, r["peak"] / 2**30, r["startup"], r["wall"], start_em, r["em"]])
     print_table(["system", "median s/step", "gen tok/s", "peak RSS GiB", "other s (start, save, exit)", "wall s",
                  "eval EM before", "eval EM after"], rows)
-    trl = statistics.median(results[0]["steps"])
-    print()
-    for r in results[1:]:
-        print(f"ratio: {statistics.median(r['steps']) / trl:.2f}  (ours / TRL median seconds per step; {r['name']})")
     for r in results:
         if r["phases"]:
             print(f"\n{r['name']}: median seconds per phase (start_*: once, before step 1)")
             print_table(list(r["phases"]), [list(r["phases"].values())])
+    trl, *ours = results
+    print()
+    for r in ours:  # the equal-cores configuration (--equal) is printed last
+        step = statistics.median(r["steps"]) / statistics.median(trl["steps"])
+        print(f"ratio: {step:.2f} a step, {r['wall'] / trl['wall']:.2f} the whole run  (ours / {trl['name']}; "
+              f"{r['name']}{', equal cores' if r.get('equal') else ''})")
 
 
 def main() -> None:
@@ -179,18 +186,24 @@ def main() -> None:
     p.add_argument("--algo", choices=["grpo", "dpo"], default="grpo")
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--ours", default="1x1,1x2,2x2",
+    p.add_argument("--ours", default="1x1,2x2",
                    help="our configurations to run, RANKSxENGINES[o] (o: rollout.overlap; grpo; dpo runs 1x1)")
+    p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
+                   help="torch threads for TRL: the cores our --equal configuration's processes share")
+    p.add_argument("--equal", default=None, help="which of --ours has TRL's cores (default: the last one)")
     a = p.parse_args()
 
     os.environ.update(ONE_THREAD)
     model = sft_checkpoint(a.size)
     cfg, rows = inputs(a.algo, model, a.steps)
     print(f"{a.algo}, {a.size} model ({n_params(model) / 1e6:.1f}M parameters), {a.steps} steps", flush=True)
-    results = [run_trl(a.algo, model, rows, a.steps)]
-    for config in (["1x1"] if a.algo == "dpo" else a.ours.split(",")):
+    results = [run_trl(a.algo, model, rows, a.steps, a.trl_threads)]
+    configs = ["1x1"] if a.algo == "dpo" else a.ours.split(",")
+    equal = a.equal or configs[-1]
+    for config in sorted(configs, key=lambda c: c == equal):  # the equal-cores one last
         ranks, engines = (int(x) for x in config.rstrip("o").split("x"))
         results.append(run_ours(a.algo, model, a.steps, ranks, engines, overlap=config.endswith("o")))
+        results[-1]["equal"] = config == equal
     for r in results:
         r["em"] = exact_match(cfg, r["model"])
     report(results, exact_match(cfg, model), a.algo)

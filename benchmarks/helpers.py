@@ -1,4 +1,5 @@
-"""Helpers shared by the benchmark scripts: model sizes, timing, and table printing."""
+"""Helpers shared by the benchmark scripts: model sizes, timing, and table printing. (Not `common.py`: run as
+`python benchmarks/x.py`, the script folder comes first on sys.path, and that name would hide the `common` package.)"""
 from __future__ import annotations
 
 import os
