@@ -152,6 +152,8 @@ class TrajectoryRunner:
         error = fut is None or fut.exception() is not None
         if error:  # hung or raised: this trajectory ends with reward 0, the run goes on
             t.error, t.reward = True, 0.0
+            if not t.ids:  # in reset: a one-token row that trains nothing keeps the batch whole
+                t.ids, t.prompt_len = [self.renderer.pad_id], 1
             return False
         result = fut.result()
         if t.turns == 0:  # reset: the first user message

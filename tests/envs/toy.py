@@ -6,12 +6,15 @@ from rollout.env import Environment, StepResult, call_tool
 
 class Echo(Environment):
     """Three turns: each observation names the turn; the reward is 0.25 per turn plus 0.25 for a turn that calls
-    the `double` tool. Rows with `hang` sleep in their second step, rows with `explode` raise there."""
+    the `double` tool. Rows with `hang` sleep in their second step, rows with `explode` raise there, rows that are
+    `broken` raise in reset."""
 
     def __init__(self, sleep_s: float = 0.0):
         self.sleep_s, self.turn = sleep_s, 0
 
     def reset(self, row: dict) -> str:
+        if row.get("broken"):
+            raise ValueError("this row cannot start a game")
         self.row = row
         return f"say {row['word']}"
 

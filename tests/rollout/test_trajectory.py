@@ -53,7 +53,8 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
 
     renderer = PromptRenderer.from_pretrained(tiny_model_dir)
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE))
-    rows = [{"word": "a"}, {"word": "b", "hang": True}, {"word": "c", "explode": True}, {"word": "d"}]
+    rows = [{"word": "a"}, {"word": "b", "hang": True}, {"word": "c", "explode": True}, {"word": "d"},
+            {"word": "e", "broken": True}]
     cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=2.0, num_workers=4)
     runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
     try:
@@ -78,8 +79,11 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
 
 
 def _check(samples, rows, renderer, cfg) -> None:
-    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
-    for s, row in zip(samples, [r for r in rows for _ in (0, 1)]):
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    for s in samples[-2:]:  # reset raised: a one-token row that trains nothing, counted as an error
+        assert s.env.error and s.env.turns == 0 and s.env.reward == 0.0 and not s.completion_ids
+        assert s.prompt_ids == [renderer.pad_id]
+    for s, row in zip(samples[:-2], [r for r in rows[:-1] for _ in (0, 1)]):
         bad = row.get("hang") or row.get("explode")
         assert s.env.error == bool(bad) and s.env.turns == (2 if bad else 3)
         assert (s.env.reward == 0.0) if bad else s.env.reward >= 0.75
