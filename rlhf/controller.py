@@ -50,8 +50,10 @@ class RLController:
             cfg = replace(cfg, algorithm=replace(cfg.algorithm, loss_norm_len=cfg.rollout.max_new_tokens))
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
-        self.reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)  # inputs first: bad data fails fast
-        multi_turn = cfg.env.name is not None  # the environment's reset() gives the first message, not a prompt
+        # env.name: the environment's reset() gives the first message (rows need no prompt) and its steps the reward
+        multi_turn = cfg.env.name is not None
+        # inputs first: bad data fails fast
+        self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task)
         self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
                                      r.prompts_per_step, cfg.seed)
         self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)

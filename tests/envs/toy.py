@@ -31,15 +31,15 @@ class Echo(Environment):
 
 
 class SortTwice(Environment):
-    """The sort task over two turns: the first answer is scored by the task's reward and the model is asked again;
-    the trajectory's reward is the mean of both answers' rewards."""
+    """The sort task over two turns, from rows with a `question` (no prompt column): the first answer is scored by
+    the task's reward and the model is asked again; the trajectory's reward is the mean of both answers' rewards."""
 
     def reset(self, row: dict) -> str:
         from rollout.rewards import sort_reward
         self.row, self.score, self.turn = row, sort_reward, 0
-        return row["prompt"]
+        return row["question"]
 
     def step(self, action: str) -> StepResult:
         self.turn += 1
-        reward = 0.5 * self.score([self.row["prompt"]], [action], answer=[self.row["answer"]])[0]
+        reward = 0.5 * self.score([self.row["question"]], [action], answer=[self.row["answer"]])[0]
         return StepResult("again" if self.turn == 1 else None, reward, self.turn == 2)
