@@ -294,17 +294,16 @@ class DSModel:
 
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, returned on CPU (NCCL reduces device tensors only)."""
-        if self.world_size == 1:
-            return x.cpu()
-        x = x.to(self.device)
-        torch.distributed.all_reduce(x)
-        return x.cpu()
+        return self._all_reduce(x, "SUM")
 
     def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        return self._all_reduce(x, "MAX")
+
+    def _all_reduce(self, x: torch.Tensor, op: str) -> torch.Tensor:
         if self.world_size == 1:
             return x.cpu()
         x = x.to(self.device)
-        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(x, op=getattr(torch.distributed.ReduceOp, op))
         return x.cpu()
 
     def save_checkpoint(self, path: str, tag: str) -> None:

@@ -30,9 +30,12 @@ class RolloutGroup:
         self.engines, self.timeout_s = engines, timeout_s
         self.roles = [f"rollout engine {i}" for i in range(len(engines))]
         self.on_restart: Optional[Callable[[int], None]] = None
-        self.restarts = 0
         self.lives = [0] * len(engines)  # restarts per engine: a call sent before the last one needs no new restart
         self._restarting = threading.Lock()  # multi-turn rollouts collect from several threads
+
+    @property
+    def restarts(self) -> int:
+        return sum(self.lives)
 
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
@@ -114,7 +117,6 @@ class RolloutGroup:
             if self.lives[i] > lives[i]:
                 return i
             _wait_restarted(self.engines[i], error.role)
-            self.restarts += 1
             self.lives[i] += 1
             self.on_restart(i)
         return i

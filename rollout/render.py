@@ -17,6 +17,8 @@ from common.errors import UserError
 
 Messages = list[dict]
 Prompt = Union[str, Messages]
+_MARK = "Z9q"  # an answer text no template writes itself: where it lands, the template's own text begins
+_PROBE = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}]
 
 
 class RenderError(UserError):
@@ -132,15 +134,13 @@ class PromptRenderer:
         trajectory holds exactly what the engine produced. Without a chat template: `content`'s tokens."""
         if not self.tokenizer.chat_template:
             return self.tokenizer(content, add_special_tokens=False).input_ids
-        mark = "Z9q"
-        talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}]
-        before = self.tokenizer.apply_chat_template(talk, tokenize=False)
-        after = self.tokenizer.apply_chat_template(talk + [{"role": role, "content": content}], tokenize=False,
+        before = self.tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        after = self.tokenizer.apply_chat_template(_PROBE + [{"role": role, "content": content}], tokenize=False,
                                                    add_generation_prompt=True)
-        if not after.startswith(before) or mark not in before:
+        if not after.startswith(before) or _MARK not in before:
             raise RenderError(f"the chat template does not render a {role!r} message after an assistant turn as a "
                               "continuation; set env.observation_role to a role it renders (user)")
-        text = before.rsplit(mark, 1)[1] + after[len(before):]
+        text = before.rsplit(_MARK, 1)[1] + after[len(before):]
         close = self.tokenizer.convert_ids_to_tokens(self.close_id) if self.close_id is not None else None
         if closed and close and text.startswith(close):
             text = text[len(close):]
@@ -165,15 +165,12 @@ class PromptRenderer:
     def _turn_close_id(self) -> Optional[int]:
         """The token a chat template closes an assistant turn with, found by rendering one: the first token after
         the answer's text, if that is a special (added) token."""
-        mark = "Z9q"
-        user = [{"role": "user", "content": "hi"}]
         try:
-            before = self.tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-            after = self.tokenizer.apply_chat_template(user + [{"role": "assistant", "content": mark}],
-                                                       tokenize=False)
+            before = self.tokenizer.apply_chat_template(_PROBE[:1], add_generation_prompt=True, tokenize=False)
+            after = self.tokenizer.apply_chat_template(_PROBE, tokenize=False)
         except Exception:  # a template that cannot render a plain user/assistant exchange has no turn close
             return None
-        tail = after[len(before):].split(mark, 1)
+        tail = after[len(before):].split(_MARK, 1)
         if not after.startswith(before) or len(tail) != 2 or not tail[1]:
             return None
         first = self.tokenizer(tail[1], add_special_tokens=False).input_ids[:1]
