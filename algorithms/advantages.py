@@ -103,3 +103,12 @@ def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     An all-equal group has zero group-relative advantage, so no gradient (DAPO's dynamic sampling drops them)."""
     g = _groups(rewards, group_size, needs=1)
     return (g != g[:, :1]).any(-1)
+
+
+def choose_groups(signal: torch.Tensor, want: int) -> torch.Tensor:
+    """signal (G,) bool, one per generated group in generation order -> (min(want, G),) long: the indices of the
+    groups to train on. Groups with signal first, in order; groups without top the batch up (still in order) when
+    fewer than `want` have signal, so the batch size stays fixed (DAPO's dynamic sampling, Yu et al. 2025, and
+    over-sampling: generate more prompts than a step trains on, keep the informative ones)."""
+    order = torch.cat([torch.nonzero(signal).flatten(), torch.nonzero(~signal).flatten()])
+    return order[:want]

@@ -5,6 +5,7 @@
     python benchmarks/vs_trl.py --algo dpo
     python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
     python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
+    python benchmarks/vs_trl.py --ours 2x2,2x2s1.5   # s1.5: algorithm.oversample=1.5 (informative groups kept)
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
 .cache/vs_trl/), use fp32, the same prompts in the same order, the same reward function, constant LR, no KL, clip
@@ -16,14 +17,16 @@ unlearns the task). TRL lives in its own virtualenv (.cache/trl-venv, pinned bel
 
 Prints: median seconds per step, generated tokens/s (completion tokens / step time), peak RSS of all processes
 together, start-up seconds, the whole run's wall time (start-up, steps, evaluation, saving), greedy eval
-exact-match of both final models (scored by the same code), our phase breakdown, and per configuration
-`ratio: <ours/TRL a step>, <ours/TRL the whole run>`, the equal-cores one last.
+exact-match of both final models (scored by the same code), the eval gain per minute of wall time, our phase
+breakdown, and per configuration `ratio: <ours/TRL a step>, <the whole run>, <the eval gain a minute>`, the
+equal-cores one last.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -107,11 +110,14 @@ def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
     return cfg, [r for _ in range(steps) for r in it.next()]
 
 
-def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False) -> dict:
-    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}-{time.strftime('%H%M%S')}")
+def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False,
+             oversample: float = 1.0) -> dict:
+    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}s{oversample}-{time.strftime('%H%M%S')}")
     path, overrides = recipe(algo, model, out, steps, ranks, engines)
     if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
         overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
+    if oversample != 1:  # more prompts generated than trained on: the groups with signal are kept (also named)
+        overrides += [f"algorithm.oversample={oversample}"]
     code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
                                env=run_env())
     assert code == 0, f"our run failed (exit {code}); see {out}"
@@ -121,7 +127,8 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
     name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
-        (", overlapped one step off-policy)" if overlap else ")")
+        (", overlapped one step off-policy" if overlap else "") + \
+        (f", oversample {oversample:g})" if oversample != 1 else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases)
 
@@ -166,9 +173,11 @@ def report(results: list[dict], start_em: float, algo: str) -> None:
     for r in results:
         med = statistics.median(r["steps"])
         tok_s = statistics.median(t / s for t, s in zip(r["tokens"], r["steps"])) if algo == "grpo" else "-"
-        rows.append([r["name"], med, tok_s, r["peak"] / 2**30, r["startup"], r["wall"], start_em, r["em"]])
+        r["gain"] = (r["em"] - start_em) / (r["wall"] / 60)
+        rows.append([r["name"], med, tok_s, r["peak"] / 2**30, r["startup"], r["wall"], start_em, r["em"],
+                     r["gain"]])
     print_table(["system", "median s/step", "gen tok/s", "peak RSS GiB", "other s (start, save, exit)", "wall s",
-                 "eval EM before", "eval EM after"], rows)
+                 "eval EM before", "eval EM after", "EM gain / min"], rows)
     for r in results:
         if r["phases"]:
             print(f"\n{r['name']}: median seconds per phase (start_*: once, before step 1)")
@@ -177,7 +186,9 @@ def report(results: list[dict], start_em: float, algo: str) -> None:
     print()
     for r in ours:  # the equal-cores configuration (--equal) is printed last
         step = statistics.median(r["steps"]) / statistics.median(trl["steps"])
-        print(f"ratio: {step:.2f} a step, {r['wall'] / trl['wall']:.2f} the whole run  (ours / {trl['name']}; "
+        gain = f"{r['gain'] / trl['gain']:.2f}" if trl["gain"] > 0 else "n/a (TRL gained nothing)"
+        print(f"ratio: {step:.2f} a step, {r['wall'] / trl['wall']:.2f} the whole run, {gain} the eval gain a minute  "
+              f"(ours / {trl['name']}; "
               f"{r['name']}{', equal cores' if r.get('equal') else ''})")
 
 
@@ -187,7 +198,8 @@ def main() -> None:
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--ours", default="1x1,2x2",
-                   help="our configurations to run, RANKSxENGINES[o] (o: rollout.overlap; grpo; dpo runs 1x1)")
+                   help="our configurations to run, RANKSxENGINES[o][sF] (o: rollout.overlap; sF: "
+                        "algorithm.oversample=F; grpo; dpo runs 1x1)")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads for TRL: the cores our --equal configuration's processes share")
     p.add_argument("--equal", default=None, help="which of --ours has TRL's cores (default: the last one)")
@@ -201,8 +213,11 @@ def main() -> None:
     configs = ["1x1"] if a.algo == "dpo" else a.ours.split(",")
     equal = a.equal or configs[-1]
     for config in sorted(configs, key=lambda c: c == equal):  # the equal-cores one last
-        ranks, engines = (int(x) for x in config.rstrip("o").split("x"))
-        results.append(run_ours(a.algo, model, a.steps, ranks, engines, overlap=config.endswith("o")))
+        m = re.fullmatch(r"(\d+)x(\d+)(o?)(?:s([\d.]+))?", config)
+        if m is None:
+            p.error(f"--ours {config!r}: write RANKSxENGINES, optionally followed by o and/or sF (e.g. 2x2s1.5)")
+        results.append(run_ours(a.algo, model, a.steps, int(m[1]), int(m[2]), overlap=m[3] == "o",
+                                oversample=float(m[4] or 1)))
         results[-1]["equal"] = config == equal
     for r in results:
         r["em"] = exact_match(cfg, r["model"])

@@ -62,6 +62,9 @@ class AlgorithmConfig:
     label_smoothing: float = 0.0  # dpo (sigmoid): assumed fraction of flipped labels
     dpo_nll_coef: float = 0.0  # dpo: + coef x per-token NLL of the chosen answer (RPO, Pang et al. 2024)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
+    # prompts generated per rollout round = oversample x rollout.prompts_per_step; the step trains on the first
+    # prompts_per_step groups whose rewards differ (topped up with all-equal ones): informative groups in one round
+    oversample: float = 1.0
 
 
 @dataclass

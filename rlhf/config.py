@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from common.errors import UserError
 from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
+from rlhf.config_rollout import validate_env, validate_sync
 from rlhf.tasks import TASKS
 from rollout.rewards import BUILTIN as BUILTIN_REWARDS
 
@@ -305,17 +306,19 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("rollout.engine", r.engine, ENGINES)
     choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
     choice("rollout.sync_channel", r.sync_channel, SYNC_CHANNELS)
-    if r.overlap and a.dynamic_sampling:
-        bad("rollout.overlap", True, "cannot refill a rollout that was generated ahead; set "
-            "algorithm.dynamic_sampling=false or rollout.overlap=false")
+    if r.overlap and (a.dynamic_sampling or a.oversample != 1):
+        bad("rollout.overlap", True, "cannot choose among groups of a rollout that was generated ahead; set "
+            "algorithm.dynamic_sampling=false and algorithm.oversample=1, or rollout.overlap=false")
+    if a.oversample < 1:
+        bad("algorithm.oversample", a.oversample, "must be >= 1 (prompts generated per round / prompts_per_step)")
     if r.overlap and a.tis_cap is None:
         bad("rollout.overlap", True, "trains on rollouts from the weights one update old: set algorithm.tis_cap "
             "(e.g. 2.0), whose importance weight pi_old/pi_rollout corrects for that (decoupled PPO)")
     if r.overlap and cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
         bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
             "placement.mode=split or rollout.overlap=false")
-    _validate_sync(cfg, bad)
-    _validate_env(cfg, bad, choice, positive)
+    validate_sync(cfg, bad)
+    validate_env(cfg, bad, choice, positive)
     for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
                        ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
@@ -344,47 +347,6 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     if cfg.trainer.batch_size > 0 and rollout_batch % cfg.trainer.batch_size:
         bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step x "
             f"rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
-
-
-def _validate_env(cfg: RunConfig, bad, choice, positive) -> None:
-    e = cfg.env
-    if e.name is None:
-        return
-    from rollout.env import load_environment
-    try:
-        load_environment(e.name)
-    except UserError as err:  # its message begins "env.name = ...: "
-        bad("env.name", e.name, str(err).split(": ", 1)[-1])
-    for key in ("max_turns", "timeout_s", "num_workers"):
-        positive(f"env.{key}", getattr(e, key))
-    choice("env.observation_role", e.observation_role, ("user", "tool"))
-    if cfg.rollout.overlap:
-        bad("rollout.overlap", True, "multi-turn rollouts (env.name) are generated within their step; set "
-            "rollout.overlap=false")
-    if cfg.reward.model_path is not None:
-        bad("reward.model_path", cfg.reward.model_path, "with env.name the environment gives the rewards; unset one")
-
-
-def _validate_sync(cfg: RunConfig, bad) -> None:
-    """The weight-sync channel against the placement (what NCCL and CUDA IPC can and cannot do)."""
-    r = cfg.rollout
-    pl = cfg.placement
-    from rollout.sync import cuda_ipc_reaches
-    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
-                                                                            cfg.trainer.world_size):
-        bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
-            "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
-    full_sync = not (cfg.model.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter")
-    gpu_colocated = pl.num_gpus > 0 and pl.mode == "colocate"
-    if full_sync and gpu_colocated and (r.sync_channel == "broadcast" or (
-            r.sync_channel == "auto" and not cuda_ipc_reaches(pl.mode, r.num_engines, cfg.trainer.world_size))):
-        bad("rollout.sync_channel", r.sync_channel, "would broadcast over NCCL, which refuses two ranks on one GPU "
-            "(colocated, engine 0 shares GPU 0 with trainer rank 0): use sync_channel=auto/ipc with "
-            f"rollout.num_engines <= trainer.world_size = {cfg.trainer.world_size} (CUDA IPC), or "
-            "placement.mode=split")
-    if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
-        bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
-            "rollout.lora_sync=merged")
 
 
 def _validate_data(d: DataConfig, bad, choice, positive) -> None:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from algorithms.advantages import gae, grpo, informative_groups, last_token_mask, reinforce_pp, rloo
+from algorithms.advantages import choose_groups, gae, grpo, informative_groups, last_token_mask, reinforce_pp, rloo
 
 
 def test_gae_hand_computed_with_ragged_mask():
@@ -110,3 +110,11 @@ def test_informative_groups_are_those_with_unequal_rewards():
     assert informative_groups(rewards, 2).tolist() == [False, True, False, True]
     assert informative_groups(rewards, 4).tolist() == [True, True]
     assert informative_groups(torch.tensor([0.3]), 1).tolist() == [False]  # one sample: nothing to compare
+
+
+def test_choose_groups_takes_informative_groups_first_then_tops_up_in_order():
+    signal = torch.tensor([False, True, False, True, True])
+    assert choose_groups(signal, 2).tolist() == [1, 3]  # over-sampled: the first two with signal
+    assert choose_groups(signal, 4).tolist() == [1, 3, 4, 0]  # too few with signal: the first without fill up
+    assert choose_groups(torch.tensor([False, False]), 2).tolist() == [0, 1]
+    assert choose_groups(signal, 9).tolist() == [1, 3, 4, 0, 2]  # never more than was generated

@@ -1,0 +1,51 @@
+"""The RL stage's checks that concern rollouts: the environment (env.*) and the weight-sync channel against the
+placement. Part of rlhf.config.validate(); `bad(key, value, fix)` records one problem."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from common.errors import UserError
+
+if TYPE_CHECKING:
+    from rlhf.config import RunConfig
+
+
+def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
+    e = cfg.env
+    if e.name is None:
+        return
+    from rollout.env import load_environment
+    try:
+        load_environment(e.name)
+    except UserError as err:  # its message begins "env.name = ...: "
+        bad("env.name", e.name, str(err).split(": ", 1)[-1])
+    for key in ("max_turns", "timeout_s", "num_workers"):
+        positive(f"env.{key}", getattr(e, key))
+    choice("env.observation_role", e.observation_role, ("user", "tool"))
+    if cfg.rollout.overlap:
+        bad("rollout.overlap", True, "multi-turn rollouts (env.name) are generated within their step; set "
+            "rollout.overlap=false")
+    if cfg.reward.model_path is not None:
+        bad("reward.model_path", cfg.reward.model_path, "with env.name the environment gives the rewards; unset one")
+
+
+def validate_sync(cfg: RunConfig, bad) -> None:
+    """The weight-sync channel against the placement (what NCCL and CUDA IPC can and cannot do)."""
+    r = cfg.rollout
+    pl = cfg.placement
+    from rollout.sync import cuda_ipc_reaches
+    if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
+                                                                            cfg.trainer.world_size):
+        bad("rollout.sync_channel", r.sync_channel, "CUDA IPC needs every engine on a trainer rank's GPU: use "
+            "placement.mode=colocate with rollout.num_engines <= trainer.world_size, or sync_channel=broadcast")
+    full_sync = not (cfg.model.lora.rank > 0 and r.engine == "vllm" and r.lora_sync == "adapter")
+    gpu_colocated = pl.num_gpus > 0 and pl.mode == "colocate"
+    if full_sync and gpu_colocated and (r.sync_channel == "broadcast" or (
+            r.sync_channel == "auto" and not cuda_ipc_reaches(pl.mode, r.num_engines, cfg.trainer.world_size))):
+        bad("rollout.sync_channel", r.sync_channel, "would broadcast over NCCL, which refuses two ranks on one GPU "
+            "(colocated, engine 0 shares GPU 0 with trainer rank 0): use sync_channel=auto/ipc with "
+            f"rollout.num_engines <= trainer.world_size = {cfg.trainer.world_size} (CUDA IPC), or "
+            "placement.mode=split")
+    if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
+        bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
+            "rollout.lora_sync=merged")
