@@ -5,16 +5,18 @@ runs here on the driver (algorithms/).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from algorithms.advantages import informative_groups
+from algorithms.advantages import choose_groups, informative_groups
 from algorithms.common import masked_mean
 from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
@@ -25,7 +27,7 @@ from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point
-from rlhf.metrics import MetricsLogger, RolloutDumps
+from rlhf.metrics import MetricsLogger, RolloutDumps, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
@@ -52,13 +54,14 @@ class RLController:
         self.estimator = estimator(a.name)
         # env.name: the environment's reset() gives the first message (rows need no prompt) and its steps the reward
         multi_turn = cfg.env.name is not None
-        # inputs first: bad data fails fast
-        self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task)
-        self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
-                                     r.prompts_per_step, cfg.seed)
-        self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)
-        self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-        self.renderer = make_renderer(cfg, self.model_path)
+        clock = PhaseTimer()  # where start-up goes: logged with step 0, printed below
+        with clock("start_inputs"):  # inputs first: bad data fails fast
+            self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+            self.per_round = math.ceil(r.prompts_per_step * a.oversample)  # prompts a rollout round generates
+            self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
+                                         self.per_round, cfg.seed)
+            self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)
+            self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.warn_at = logprob_diff_warn(cfg)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
         # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
@@ -67,7 +70,10 @@ class RLController:
                                    and not (a.kl_coef > 0 and a.kl_in_reward))
         self.resume_from, self.resume_state = resume_point(cfg)  # before anything appends to the run folder
         self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, self.resume_state["step"] if self.resume_state else -1)
-        init_ray()
+        with ThreadPoolExecutor(1) as pool, clock("start_ray_tokenizer"):  # the tokenizer loads as Ray starts
+            renderer = pool.submit(make_renderer, cfg, self.model_path)
+            init_ray()
+            self.renderer = renderer.result()  # a bad tokenizer fails here, before any worker starts
         self._start_workers()
         self.trajectories = None  # env.name: multi-turn rollouts
         if multi_turn:
@@ -75,7 +81,9 @@ class RLController:
             from rollout.trajectory import TrajectoryRunner
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
                                                  cfg.env, r.max_model_len)
+        self.startup = {**clock.times, **self.startup, "time/start_since_launch": since_launch()}
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
+        self.logger.console(startup_line(self.startup))
 
     def _start_workers(self) -> None:
         from rlhf.workers import start_workers
@@ -152,46 +160,47 @@ class RLController:
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
     def _collect(self, step: int, t: PhaseTimer):
-        """Generate and score `prompts_per_step` groups. With algorithm.dynamic_sampling (DAPO, Yu et al. 2025),
-        groups whose rewards are all equal (zero advantage, no signal) are set aside and new prompts refill the
-        batch; if the rounds run out, set-aside groups top it up so the batch size stays fixed."""
-        n, want = self.cfg.rollout.n_samples, self.cfg.rollout.prompts_per_step
-        kept, spare, metrics = [], [], {}
+        """Generate and score `prompts_per_step` groups. Each round generates `self.per_round` groups
+        (algorithm.oversample x prompts_per_step); when that is more, or with algorithm.dynamic_sampling (DAPO,
+        Yu et al. 2025: further rounds until enough groups have signal), the step trains on the groups whose rewards
+        are not all equal (an all-equal group has zero advantage), topped up with all-equal ones if too few."""
+        a, n, want = self.cfg.algorithm, self.cfg.rollout.n_samples, self.cfg.rollout.prompts_per_step
         if self.cfg.trainer.offload:  # GPU colocation: the engines get the memory; trainers reload on next use
             with t("offload"):
                 for group in (self.policy, self.critic):
                     if group is not None:
                         group.offload()
-        rounds = self.MAX_FILL_ROUNDS if self.cfg.algorithm.dynamic_sampling else 1
-        overlap = self.cfg.rollout.overlap
+        selecting = a.dynamic_sampling or self.per_round > want
+        overlap, metrics = self.cfg.rollout.overlap, {}
         if not overlap:  # GPU colocation: the engines sleep while others run; awake for every round of this step
             self.rollout.call("wake_up")
-        for attempt in range(rounds):
+        groups, rewards, signal = [], [], []
+        for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
             with t("rollout"):
-                if overlap:
-                    rows, samples, metrics = self._overlapped(step)
-                else:
-                    rows, samples = self._generate(step, attempt)
-            if rounds == 1:  # free the GPU for the reward and reference models; with several rounds, see below
+                rows, samples, metrics = self._overlapped(step) if overlap else (*self._generate(step, attempt), {})
+            if not selecting:  # free the GPU for the reward and reference models; when selecting, see below
                 self._sleep_engines()
             batch = samples_to_batch(samples, self.renderer.pad_id)
             with t("reward"):
-                rewards, scored = self._score(rows, samples, batch)
+                scores, scored = self._score(rows, samples, batch)
                 metrics.update(scored)
             if attempt == 0:
-                self.dumps.write(step, rows, samples, rewards, self.renderer)
-            if rounds == 1:
-                return samples, batch, rewards, metrics
-            for g, (group, signal) in enumerate(zip(rewards.view(-1, n), informative_groups(rewards, n))):
-                (kept if signal else spare).append((samples[g * n:(g + 1) * n], group))
-            if len(kept) >= want:
+                self.dumps.write(step, rows, samples, scores, self.renderer)
+            if not selecting:
+                return samples, batch, scores, metrics
+            groups += [samples[g * n:(g + 1) * n] for g in range(len(samples) // n)]
+            rewards.append(scores.view(-1, n))
+            signal.append(informative_groups(scores, n))
+            if sum(int(s.sum()) for s in signal) >= want:
                 break
         # Not between rounds: a level-2 sleep discards the weights, and only a sync brings them back.
         self._sleep_engines()
-        chosen = (kept + spare)[:want]
-        samples = [replace(s, prompt_index=i) for i, (group, _) in enumerate(chosen) for s in group]
-        metrics.update({"rollout/kept_group_frac": min(len(kept), want) / want, "rollout/fill_rounds": attempt + 1})
-        return samples, samples_to_batch(samples, self.renderer.pad_id), torch.cat([r for _, r in chosen]), \
+        signal = torch.cat(signal)
+        chosen = choose_groups(signal, want).tolist()
+        samples = [replace(s, prompt_index=i) for i, g in enumerate(chosen) for s in groups[g]]
+        metrics.update({"rollout/kept_group_frac": min(int(signal.sum()), want) / want,
+                        "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": attempt + 1})
+        return samples, samples_to_batch(samples, self.renderer.pad_id), torch.cat(rewards)[chosen].flatten(), \
             metrics
 
     def _sleep_engines(self) -> None:
