@@ -4,6 +4,7 @@ in-process."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -55,8 +56,11 @@ class PolicyTrainer:
         return self.ds.module
 
     def train_step(self, batch: Batch, algo: Optional[AlgorithmConfig] = None) -> dict[str, float]:
-        """One update on this rank's rows: the on-policy RL loss with `algo` (rl_step), else SFT (sft_step)."""
-        return self.rl_step(batch, algo) if algo is not None else self.sft_step(batch)
+        """One update on this rank's rows: the on-policy RL loss with `algo` (rl_step), else SFT (sft_step).
+        `time/train_worker` is its own duration: the driver's `time/train` less this is transport and waiting."""
+        start = time.perf_counter()
+        metrics = self.rl_step(batch, algo) if algo is not None else self.sft_step(batch)
+        return {**metrics, "time/train_worker": time.perf_counter() - start}
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask)."""

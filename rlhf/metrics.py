@@ -111,3 +111,19 @@ def _start_wandb(project: str, run_dir: str) -> Optional[object]:
               "(pip install wandb to enable it)", file=sys.stderr)
         return None
     return wandb.init(project=project, dir=run_dir)
+
+
+def since_launch() -> float:
+    """Seconds since this process was created (its interpreter start and imports included)."""
+    import time
+
+    import psutil
+    return time.time() - psutil.Process().create_time()
+
+
+def startup_line(times: dict[str, float]) -> str:
+    """'start-up 24.1 s since launch: inputs 0.4, renderer 5.3, ray 4.7, ...' from the time/start_* entries, in
+    their order; the parts do not add up to the total (imports before them, and parts that overlap)."""
+    parts = ", ".join(f"{k[len('time/start_'):]} {v:.1f}" for k, v in times.items()
+                      if k.startswith("time/start_") and k != "time/start_since_launch")
+    return f"start-up {times['time/start_since_launch']:.1f} s since launch: {parts} (s)"
