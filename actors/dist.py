@@ -8,8 +8,10 @@ from common.net import cache_root, free_port
 
 
 def extensions_dir() -> str:
-    """A project-owned folder for DeepSpeed's C++ op builds, so they are compiled once and stale locks are ours."""
-    return os.path.join(cache_root(), "torch_extensions")
+    """A project-owned folder for DeepSpeed's C++ op builds, so they are compiled once and stale locks are ours;
+    one per torch version (the ops are built against its headers, and the cache outlives a virtualenv)."""
+    import torch
+    return os.path.join(cache_root(), "torch_extensions", torch.__version__)
 
 
 def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:

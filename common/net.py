@@ -18,5 +18,8 @@ def node_address() -> tuple[str, int]:
 
 
 def cache_root() -> str:
-    """The project's cache folder (DeepSpeed op builds, vLLM and inductor caches); RLHF_CACHE_DIR overrides it."""
-    return os.environ.get("RLHF_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".cache"))
+    """The project's cache folder (DeepSpeed op builds, vLLM and inductor caches): the user's, not the checkout's,
+    so a `ray job submit --working-dir .` job (which runs in a fresh copy of the checkout, git-ignored files left
+    out) does not rebuild DeepSpeed's C++ ops every time; RLHF_CACHE_DIR overrides it."""
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("RLHF_CACHE_DIR", os.path.join(user_cache, "rlhf-orchestra"))
