@@ -1,11 +1,16 @@
 """Shared fixtures. One torch thread per process: on a 2-core machine more threads only contend."""
 import os
+import secrets
 import sys
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The session's Ray (session_ray) authenticates drivers by token; run_cli's drivers inherit it. Set before Ray is
+# imported: Ray reads the mode once.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -18,9 +23,10 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
-    """`python -m rlhf.run ...` as a subprocess; returns the CompletedProcess (text mode)."""
+    """`python -m rlhf.run ...` as a subprocess that joins the session's Ray (session_ray); returns the
+    CompletedProcess (text mode)."""
     import subprocess
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ADDRESS=session_ray())
     return subprocess.run([sys.executable, "-m", "rlhf.run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 
@@ -43,12 +49,26 @@ def cli_in_process(*args: str, cwd: str = ROOT):
     return code, out.getvalue(), err.getvalue()
 
 
+def session_ray() -> str:
+    """The test run's one local Ray instance, started on first use and stopped when the session ends; returns its
+    address. 4 logical CPUs, so actors asking 0.5 fit, and 2 logical GPUs so placement logic runs on a CPU host
+    (torch still sees no CUDA). In-process tests use it (`ray_local`), `run_cli` runs join it (RAY_ADDRESS): each
+    saves its own Ray start. A test that needs Ray to itself (its own cluster) calls `ray.shutdown()` first."""
+    import ray
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    return ray.get_runtime_context().gcs_address
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_local():
-    """A private local Ray instance (never joins another cluster); 4 logical CPUs so actors asking 0.5 fit, and 2
-    logical GPUs so placement logic runs on a CPU host (torch still sees no CUDA)."""
+    """Ray, for tests that start actors in-process: the session's instance (see session_ray)."""
     import ray
-    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
-    yield ray
-    ray.shutdown()
+    session_ray()
+    return ray

@@ -1,6 +1,7 @@
-"""The default pipeline end to end, at reduced size, through `python -m rlhf.run` subprocesses: SFT with DeepSpeed,
-then GRPO with the real vLLM engine in Ray actors. The evaluation reward must rise under RL and the engine must agree
-with the trainer (rollout/logprob_diff < 1e-3) at every step."""
+"""The default pipeline end to end, at reduced size, through `python -m rlhf.run` subprocesses: SFT with DeepSpeed
+(the session's shared SFT run, tests/e2e/conftest.py), then GRPO with the real vLLM engine in Ray actors. The
+evaluation reward must rise under RL and the engine must agree with the trainer (rollout/logprob_diff < 1e-3) at
+every step."""
 import pytest
 
 from rlhf.metrics import read_metrics
@@ -11,11 +12,8 @@ RL_METRICS = {"rollout/reward_mean", "rollout/logprob_diff", "policy/loss", "pol
 
 
 @pytest.mark.slow
-def test_sft_then_grpo_learns(tmp_path):
-    sft_dir, rl_dir = tmp_path / "sft", tmp_path / "grpo"
-    res = run_cli("--config", "examples/sort_sft.yaml", f"output_dir={sft_dir}", "trainer.max_steps=150",
-                  "eval.every=75", "data.num_eval=64", timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_sft_then_grpo_learns(sft_model, tmp_path):
+    sft_dir, rl_dir = sft_model.parent, tmp_path / "grpo"  # the SFT run: the session's shared one (conftest.py)
     sft = read_metrics(str(sft_dir))
     assert [r["step"] for r in sft] == list(range(151))
     assert all({"train/loss", "train/grad_norm", "train/lr", "time/step"} <= set(r) for r in sft[1:])
@@ -23,7 +21,7 @@ def test_sft_then_grpo_learns(tmp_path):
     assert sft[-1]["train/loss"] < 0.5 * sft[1]["train/loss"]
     assert sft[-1]["eval/reward_mean"] > sft[0]["eval/reward_mean"] + 0.2
 
-    res = run_cli("--config", "examples/sort_grpo.yaml", f"output_dir={rl_dir}", f"model.path={sft_dir}/final",
+    res = run_cli("--config", "examples/sort_grpo.yaml", f"output_dir={rl_dir}", f"model.path={sft_model}",
                   "trainer.max_steps=16", "eval.every=8", "data.num_eval=64", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rl = read_metrics(str(rl_dir))

@@ -29,6 +29,7 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from rollout.weight_sync import plan_buckets
     from tests.rollout.test_vllm_engine import ENGINE, SAMPLING, prompts_and_batches, remote_diff
 
+    ray.shutdown()  # the session's instance (tests.conftest.session_ray): this test needs its own cluster
     before = ray_processes()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "resources": {"a": 1}})
     cluster.add_node(num_cpus=2, num_gpus=1, resources={"b": 1})
