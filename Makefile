@@ -24,8 +24,11 @@ run: setup
 	$(BIN)/python -m rlhf.run --config examples/sort_sft.yaml
 	$(BIN)/python -m rlhf.run --config examples/sort_grpo.yaml
 
+# Two tests at a time (pytest-xdist, one file per worker): most end-to-end runs keep only one core busy, the
+# trainer and the engine taking turns. TEST_WORKERS=0 runs them one by one.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf runs .cache

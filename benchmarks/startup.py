@@ -1,0 +1,73 @@
+"""Where a run's start-up goes: `python -m rlhf.run` launched a few times (GRPO, the tiny model, one step), each
+part of its start-up as it logs them with step 0 (time/start_*), the seconds from launch to the end of start-up,
+and the whole run's wall time; with its own local Ray (the default) and joining a Ray that is already running (as
+under `ray job submit`, or in the test suite).
+
+    python benchmarks/startup.py [--repeats 3] [--engines 1] [--ranks 1]
+
+Prints the median of each column over the repeats, per mode. The parts overlap (trainers and engines load at once;
+the tokenizer loads while Ray starts), so they do not add up to the total.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.helpers import print_table  # noqa: E402
+
+
+def launch(model: str, out: str, ranks: int, engines: int, env: dict) -> dict:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={model}",
+                    f"output_dir={out}", "trainer.max_steps=1", "eval.every=0", "data.num_eval=16",
+                    "rollout.prompts_per_step=16", "trainer.batch_size=128", f"trainer.world_size={ranks}",
+                    f"rollout.num_engines={engines}", "checkpoint.every=0", "logging.tensorboard=false"],
+                   cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        first = json.loads(f.readline())
+    return {**{k[len("time/start_"):]: v for k, v in first.items() if k.startswith("time/start_")}, "wall": wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ranks", type=int, default=1)
+    p.add_argument("--engines", type=int, default=1)
+    args = p.parse_args()
+
+    import secrets
+
+    from benchmarks.helpers import build
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    os.environ.update(RAY_AUTH_MODE=env["RAY_AUTH_MODE"], RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
+    import ray  # after the auth settings: Ray reads them on import
+    root = tempfile.mkdtemp(prefix="rlhf-startup-")
+    model = build("1M", root)
+    runs: dict[str, list[dict]] = {"own local Ray": [], "joining a running Ray": []}
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    joined = dict(env, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    for i in range(args.repeats):  # alternate, so drift on a shared machine hits both alike
+        runs["own local Ray"].append(launch(model, os.path.join(root, f"own-{i}"), args.ranks, args.engines, env))
+        runs["joining a running Ray"].append(
+            launch(model, os.path.join(root, f"joined-{i}"), args.ranks, args.engines, joined))
+    ray.shutdown()
+    columns = [k for k in runs["own local Ray"][0] if k not in ("since_launch", "wall")] + ["since_launch", "wall"]
+    print(f"GRPO, 1M model, {args.ranks} trainer rank(s), {args.engines} engine(s), one step; median of "
+          f"{args.repeats} launches, seconds:")
+    print_table(["Ray"] + columns, [[mode] + [statistics.median(r[c] for r in rs) for c in columns]
+                                    for mode, rs in runs.items()])
+
+
+if __name__ == "__main__":
+    main()
