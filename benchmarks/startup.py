@@ -54,13 +54,13 @@ def main() -> None:
     import ray  # after the auth settings: Ray reads them on import
     root = tempfile.mkdtemp(prefix="rlhf-startup-")
     model = build("1M", root)
-    runs: dict[str, list[dict]] = {"own local Ray": [], "joining a running Ray": []}
+    # One mode after the other, not alternating: a local Ray starts ~3 s slower while another one runs.
+    runs = {"own local Ray": [launch(model, os.path.join(root, f"own-{i}"), args.ranks, args.engines, env)
+                              for i in range(args.repeats)]}
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     joined = dict(env, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-    for i in range(args.repeats):  # alternate, so drift on a shared machine hits both alike
-        runs["own local Ray"].append(launch(model, os.path.join(root, f"own-{i}"), args.ranks, args.engines, env))
-        runs["joining a running Ray"].append(
-            launch(model, os.path.join(root, f"joined-{i}"), args.ranks, args.engines, joined))
+    runs["joining a running Ray"] = [launch(model, os.path.join(root, f"joined-{i}"), args.ranks, args.engines,
+                                            joined) for i in range(args.repeats)]
     ray.shutdown()
     columns = [k for k in runs["own local Ray"][0] if k not in ("since_launch", "wall")] + ["since_launch", "wall"]
     print(f"GRPO, 1M model, {args.ranks} trainer rank(s), {args.engines} engine(s), one step; median of "

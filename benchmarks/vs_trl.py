@@ -93,7 +93,8 @@ def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines:
     return "examples/sort_grpo.yaml", common + [
         "trainer.lr=5e-4", "trainer.batch_size=512", "trainer.micro_batch_size=64", "rollout.prompts_per_step=64",
         "rollout.n_samples=8", "rollout.max_new_tokens=16", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        f"rollout.num_engines={engines}", "algorithm.name=grpo", "algorithm.kl_coef=0.0", "algorithm.clip_low=0.2",
+        f"rollout.num_engines={engines}", "algorithm.name=grpo", "algorithm.oversample=1.0",  # TRL's algorithm
+        "algorithm.kl_coef=0.0", "algorithm.clip_low=0.2",
         "algorithm.clip_high=0.2", "algorithm.loss_agg=seq-mean-token-mean", "algorithm.scale_by_std=true",
         "algorithm.ppo_epochs=1"]
 
