@@ -1,7 +1,8 @@
 """Where the train phase goes: one GRPO update (PolicyTrainer.rl_step, DeepSpeed) against the same update written as
 a bare PyTorch loop (the HF model, torch.optim.AdamW, the same micro-batches and loss), in one process on CPU.
 
-    python benchmarks/train_phase.py [--size 1M] [--rows 256] [--micro 64] [--repeats 7] [--profile 15]
+    python benchmarks/train_phase.py [--size 1M | --model DIR] [--rows 256] [--micro 64] [--repeats 7] [--profile 15]
+    OMP_NUM_THREADS=2 python benchmarks/train_phase.py     # two torch threads (default: one, as each trainer rank)
 
 The rows look like one trainer rank's share of vs_trl.py's GRPO step (64 prompts x 8 samples over two ranks):
 16-token prompts, 4-16 sampled tokens. The table gives the median seconds per update of both and their ratio (what
@@ -20,6 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: DeepSpeed's set-up resets set_num_threads
 
 from benchmarks.helpers import SIZES, build, print_table  # noqa: E402
 
@@ -81,6 +83,7 @@ def top_functions(fn, n: int) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="1M", choices=sorted(SIZES))
+    p.add_argument("--model", default=None, help="a checkpoint folder instead of --size (e.g. vs_trl's SFT model)")
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--micro", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
@@ -93,11 +96,12 @@ def main() -> None:
     from common.options import AlgorithmConfig, TrainerConfig
 
     torch.set_num_threads(1)
-    model = build(args.size)
+    model = args.model or build(args.size)
     batch = grpo_rows(args.rows, vocab=300)
     ours = PolicyTrainer(model, TrainerConfig(lr=5e-4, batch_size=args.rows, micro_batch_size=args.micro,
                                               warmup_steps=0, grad_clip=1.0, weight_decay=0.0))
     bare = BareLoop(model, 5e-4, args.micro)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     runs = {"ours (PolicyTrainer.rl_step)": lambda: ours.rl_step(dict(batch), AlgorithmConfig()),
             "bare PyTorch loop": lambda: bare.step(batch)}
     times: dict[str, list[float]] = {k: [] for k in runs}
@@ -110,7 +114,7 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["bare PyTorch loop"])
     print(f"{args.rows} rows (16-token prompts, 4-16 sampled tokens), micro-batches of {args.micro}, {args.size} "
-          f"model, one thread, median of {args.repeats} updates:")
+          f"model{' ' + model if args.model else ''}, {torch.get_num_threads()} torch thread(s), median of {args.repeats} updates:")
     print_table(["update", "median s", "ratio to bare"],
                 [[name, statistics.median(t), statistics.median(t) / base] for name, t in times.items()])
     if args.profile:
