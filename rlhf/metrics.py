@@ -122,8 +122,9 @@ def since_launch() -> float:
 
 
 def startup_line(times: dict[str, float]) -> str:
-    """'start-up 24.1 s since launch: inputs 0.4, renderer 5.3, ray 4.7, ...' from the time/start_* entries, in
-    their order; the parts do not add up to the total (imports before them, and parts that overlap)."""
+    """'start-up 12.2 s since launch: inputs 0.1, ray_tokenizer 3.4, trainers 4.7, engines 2.8 (s)' from the
+    time/start_* entries, in their order; the parts do not add up to the total (the imports before them are not a
+    part, and the engines load while the trainers do: `engines` is the further wait for them)."""
     parts = ", ".join(f"{k[len('time/start_'):]} {v:.1f}" for k, v in times.items()
                       if k.startswith("time/start_") and k != "time/start_since_launch")
     return f"start-up {times['time/start_since_launch']:.1f} s since launch: {parts} (s)"
