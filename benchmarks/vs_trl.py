@@ -79,9 +79,11 @@ def sft_checkpoint(size: str) -> str:
     return os.path.join(out, "final")
 
 
-def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines: int = 1) -> tuple[str, list[str]]:
+def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines: int = 1,
+           oversample: float = 1.0) -> tuple[str, list[str]]:
     """Our recipe and overrides that pin every setting the comparison shares; `ranks` trainer processes (data
-    parallel) and `engines` vLLM engines, each one torch thread."""
+    parallel) and `engines` vLLM engines, each one torch thread. `oversample` 1 is TRL's algorithm; more generates
+    extra prompts and keeps the groups with signal (named in the table)."""
     common = [f"trainer.world_size={ranks}" if algo == "grpo" else "trainer.world_size=1", f"model.path={model}",
               f"output_dir={out}", f"trainer.max_steps={steps}", "trainer.warmup_steps=0",
               "trainer.grad_clip=1.0", "trainer.weight_decay=0.0", "eval.every=0", "checkpoint.every=0",
@@ -93,7 +95,7 @@ def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines:
     return "examples/sort_grpo.yaml", common + [
         "trainer.lr=5e-4", "trainer.batch_size=512", "trainer.micro_batch_size=64", "rollout.prompts_per_step=64",
         "rollout.n_samples=8", "rollout.max_new_tokens=16", "rollout.temperature=1.0", "rollout.top_p=1.0",
-        f"rollout.num_engines={engines}", "algorithm.name=grpo", "algorithm.oversample=1.0",  # TRL's algorithm
+        f"rollout.num_engines={engines}", "algorithm.name=grpo", f"algorithm.oversample={oversample}",
         "algorithm.kl_coef=0.0", "algorithm.clip_low=0.2",
         "algorithm.clip_high=0.2", "algorithm.loss_agg=seq-mean-token-mean", "algorithm.scale_by_std=true",
         "algorithm.ppo_epochs=1"]
@@ -114,11 +116,9 @@ def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
 def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False,
              oversample: float = 1.0) -> dict:
     out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}s{oversample}-{time.strftime('%H%M%S')}")
-    path, overrides = recipe(algo, model, out, steps, ranks, engines)
+    path, overrides = recipe(algo, model, out, steps, ranks, engines, oversample)
     if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
         overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
-    if oversample != 1:  # more prompts generated than trained on: the groups with signal are kept (also named)
-        overrides += [f"algorithm.oversample={oversample}"]
     code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
                                env=run_env())
     assert code == 0, f"our run failed (exit {code}); see {out}"
