@@ -28,6 +28,7 @@ class Critic:
             config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
             config.classifier_dropout = 0.0  # values computed for GAE (eval mode) and in training must agree
             return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=DTYPES[dtype],
+                                                                   attn_implementation=tr.attn_implementation,
                                                                    trust_remote_code=trust_remote_code)
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
 

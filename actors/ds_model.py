@@ -14,7 +14,7 @@ import torch
 from actors.dist import init_deepspeed_distributed
 from common.batch import Batch, grouped_rows, length_grouped, map_grouped, split_batch
 from common.options import TrainerConfig
-from common.packing import micro_batches_needed, token_budget_groups
+from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -121,15 +121,25 @@ def warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+class PackedOutput:
+    """A packed forward's output as the losses read it: `.logits` (B, W, ...) in the padded layout."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+
 class DSModel:
     def __init__(self, build: Callable[[], torch.nn.Module], tr: TrainerConfig, dtype: str, rank: int,
-                 world_size: int, master_addr: str, master_port: Optional[int], seed: int):
-        """`build()` makes the model after the process group exists and the seed is set (heads init the same)."""
+                 world_size: int, master_addr: str, master_port: Optional[int], seed: int, per_token: bool = True):
+        """`build()` makes the model after the process group exists and the seed is set (heads init the same).
+        `per_token`: the model's output has one entry per token (a causal LM, a value head), so trainer.packing
+        applies; a sequence classifier's does not."""
         import deepspeed
 
         init_deepspeed_distributed(rank, world_size, master_addr, master_port)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
+        self.packing = tr.packing and per_token
         config = deepspeed_config(tr, dtype, world_size)
         with zero3_loading(config):
             model = build()
@@ -160,8 +170,14 @@ class DSModel:
             self.offloaded = False
 
     def __call__(self, mb: Batch):
+        """The model's output on a micro-batch; packed (trainer.packing), its logits come back in the padded
+        layout, so every loss reads them the same way."""
         self.resident()
-        return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+        if not self.packing:
+            return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+        ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"])
+        out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
+        return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 
     def on_device(self, mb: Batch) -> Batch:
         """Batches travel on CPU (Ray, the driver); each micro-batch moves to the model's device to be used."""

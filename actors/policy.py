@@ -46,6 +46,7 @@ class PolicyTrainer:
 
         def build():
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
+                                                         attn_implementation=tr.attn_implementation,
                                                          trust_remote_code=trust_remote_code)
             return add_lora(model, self.lora) if self.lora else model
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)

@@ -32,7 +32,7 @@ class RewardModel:
         self.ds = None
         if tr is not None:
             self.ds = DSModel(lambda: _load(model_path, dtype, trust_remote_code), tr, dtype, rank, world_size,
-                              master_addr, master_port, seed)
+                              master_addr, master_port, seed, per_token=False)  # one score a row: never packed
             self.model = self.ds.module
         else:
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,10 +1,13 @@
 """One policy update (rl_step) on rows of very uneven length, micro-batched by rows (trainer.micro_batch_size) or by
-padded tokens (trainer.max_tokens_per_micro_batch), in one process on CPU.
+padded tokens (trainer.max_tokens_per_micro_batch), each padded or packed without padding (trainer.packing), in
+one process on CPU.
 
     python benchmarks/micro_batch_bench.py [--size 1M] [--rows 128] [--min-len 16] [--max-len 192] [--repeats 5]
+                                           [--attn sdpa]
 
-Row lengths are drawn uniformly from [min-len, max-len] (multi-turn trajectories look like this). Both settings see
-the same rows; the table gives the median seconds per update, the padded tokens computed, and the ratio.
+Row lengths are drawn uniformly from [min-len, max-len] (multi-turn trajectories look like this). Every setting sees
+the same rows; the table gives the median seconds per update, the tokens the linear layers compute (padded rows x
+width, or the real tokens when packed), and the speed-up over micro-batches of rows.
 """
 from __future__ import annotations
 
@@ -32,8 +35,10 @@ def make_batch(rows: int, lo: int, hi: int, vocab: int, seed: int = 0):
     return batch
 
 
-def padded_tokens(trainer, batch) -> int:
-    return sum(mb["input_ids"].numel() for _, mb in trainer.ds._micro_batches(batch, 1))
+def computed_tokens(trainer, batch) -> int:
+    """Tokens through the linear layers: rows x width padded, the real tokens packed."""
+    return sum(int(mb["attention_mask"].sum()) if trainer.ds.packing else mb["input_ids"].numel()
+               for _, mb in trainer.ds._micro_batches(batch, 1))
 
 
 def main() -> None:
@@ -44,6 +49,7 @@ def main() -> None:
     p.add_argument("--min-len", type=int, default=16)
     p.add_argument("--max-len", type=int, default=192)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--attn", default="sdpa", help="trainer.attn_implementation (flash_attention_2 on GPU)")
     args = p.parse_args()
 
     import torch
@@ -55,10 +61,12 @@ def main() -> None:
     model = build(args.size)
     batch = make_batch(args.rows, args.min_len, args.max_len, vocab=300)
     budget = args.micro * (args.min_len + args.max_len) // 2  # the same rows per micro-batch on average
-    settings = {f"{args.micro} rows": None, f"{budget} tokens": budget}
+    settings = {f"{args.micro} rows": (None, False), f"{budget} tokens": (budget, False),
+                f"{args.micro} rows, packed": (None, True), f"{budget} tokens, packed": (budget, True)}
     trainers = {name: PolicyTrainer(model, TrainerConfig(lr=1e-5, batch_size=args.rows, micro_batch_size=args.micro,
-                                                         warmup_steps=0, max_tokens_per_micro_batch=b))
-                for name, b in settings.items()}
+                                                         warmup_steps=0, max_tokens_per_micro_batch=b, packing=pack,
+                                                         attn_implementation=args.attn))
+                for name, (b, pack) in settings.items()}
     times: dict[str, list[float]] = {k: [] for k in trainers}
     for _ in range(args.repeats):  # alternate, so drift on a shared machine hits both alike
         for name, trainer in trainers.items():
@@ -66,12 +74,12 @@ def main() -> None:
             trainer.rl_step(dict(batch), AlgorithmConfig())
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times[f"{args.micro} rows"])
-    table = [[name, statistics.median(times[name]), padded_tokens(t, batch),
+    table = [[name, statistics.median(times[name]), computed_tokens(t, batch),
               len(t.ds._micro_batches(batch, 1)), base / statistics.median(times[name])]
              for name, t in trainers.items()]
-    print(f"{args.rows} rows of {args.min_len}-{args.max_len} tokens, {args.size} model, one thread, "
+    print(f"{args.rows} rows of {args.min_len}-{args.max_len} tokens, {args.size} model, {args.attn}, one thread, "
           f"median of {args.repeats} updates:")
-    print_table(["micro-batches by", "median s", "padded tokens", "micro-batches", "speed-up"], table)
+    print_table(["micro-batches by", "median s", "tokens computed", "micro-batches", "speed-up"], table)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ class TrainerConfig:
     # micro-batches by padded tokens (rows x longest row) instead of micro_batch_size rows: as many rows as fit,
     # longest first, the same count on every rank (common.packing); null = micro_batch_size rows
     max_tokens_per_micro_batch: Optional[int] = None
+    # each micro-batch's rows end to end without padding, position ids restarting per row (common.packing.pack_rows);
+    # the same loss. For per-sequence attention (flash attention on GPU); under CPU sdpa's dense mask it is 0.44x
+    # (benchmarks/micro_batch_bench.py). Policy and critic (per-token outputs), not the reward model
+    packing: bool = False
+    attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null = HF's
 
 
 @dataclass

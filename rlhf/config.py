@@ -229,6 +229,9 @@ def _validate_model(cfg: RunConfig, bad, choice, positive) -> None:
         bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
 
 
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
 def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
     tr = cfg.trainer
     for name in ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip"):
@@ -239,6 +242,11 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
     positive("trainer.world_size", tr.world_size)
     if tr.max_tokens_per_micro_batch is not None:
         positive("trainer.max_tokens_per_micro_batch", tr.max_tokens_per_micro_batch)
+    if tr.packing and cfg.stage == "rm":
+        bad("trainer.packing", True, "the reward model scores each row's last token, so its rows stay padded; "
+            "set it to false (packing applies to the sft, dpo and rl stages)")
+    if tr.attn_implementation is not None and "/" not in tr.attn_implementation:  # a/b: a kernel from the Hub
+        choice("trainer.attn_implementation", tr.attn_implementation, ATTN_IMPLEMENTATIONS)
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
         bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "
             f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")

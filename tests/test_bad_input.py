@@ -61,6 +61,8 @@ CONFIGS = [
     ("env-overlap", RL + "env:\n  name: tests.envs.toy:Echo\nrollout:\n  overlap: true\nalgorithm:\n  tis_cap: 2.0\n",
      [], "multi-turn rollouts (env.name) are generated within their step"),
     ("token-budget-zero", "trainer:\n  max_tokens_per_micro_batch: 0\n", [], "trainer.max_tokens_per_micro_batch = 0"),
+    ("packed-reward-model", "stage: rm\ntrainer:\n  packing: true\n", [], "its rows stay padded"),
+    ("unknown-attention", "trainer:\n  attn_implementation: flash\n", [], "trainer.attn_implementation = 'flash'"),
     ("unknown-sync-channel", RL + "rollout:\n  sync_channel: nccl\n", [], "rollout.sync_channel = 'nccl'"),
     ("cuda-ipc-split", RL + "rollout:\n  sync_channel: ipc\nplacement:\n  mode: split\n  num_gpus: 4\n", [],
      "CUDA IPC needs every engine on a trainer rank's GPU"),

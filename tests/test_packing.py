@@ -46,3 +46,37 @@ def test_dealing_by_length_balances_ranks_and_keeps_each_mini_batch_whole():
     assert abs(work[0] - work[1]) <= 10  # contiguous halves would give 164 against 252
     with pytest.raises(ValueError):
         deal_by_length(lengths[:15], 2, 2)
+
+
+def test_packed_rows_hold_every_real_token_once_and_unpack_to_the_padded_layout():
+    from common.packing import pack_rows, unpack_rows
+
+    ids = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [9, 10, 11, 12]])
+    mask = (ids != 0).long()
+    packed, positions, where = pack_rows(ids, mask)
+    assert packed.tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    assert positions.tolist() == [[0, 1, 2, 0, 0, 1, 2, 3]]  # restarts mark each row's start
+    out = packed.float().unsqueeze(-1).repeat(1, 1, 2).requires_grad_()  # (1, N, 2), as logits would be
+    back = unpack_rows(out, where, 3, 4)
+    assert back.shape == (3, 4, 2) and torch.equal(back[..., 0], (ids * mask).float())
+    back[1, 0, 1].backward()  # the gradient reaches that token's packed position only
+    assert out.grad[0, :, 1].tolist() == [0, 0, 0, 1, 0, 0, 0, 0] and out.grad[..., 0].abs().sum() == 0
+
+
+def test_a_packed_forward_sees_each_row_as_it_would_padded(tiny_model_dir):
+    """transformers builds a block-diagonal causal mask from position ids that restart (sdpa and eager): the packed
+    logits equal the padded forward's on every real token, so no row attends to another. (Only without a KV cache:
+    with one, transformers ignores the restarts.)"""
+    from transformers import AutoModelForCausalLM
+
+    from common.packing import pack_rows, unpack_rows
+
+    ids = torch.randint(3, 300, (4, 9), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(9)[None] < torch.tensor([9, 2, 5, 7])[:, None]).long()
+    for impl in ("sdpa", "eager"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl).eval()
+        padded = model(input_ids=ids, attention_mask=mask).logits
+        packed, positions, where = pack_rows(ids, mask)
+        got = unpack_rows(model(input_ids=packed, position_ids=positions, use_cache=False).logits, where, 4, 9)
+        real = mask.bool()
+        assert torch.allclose(got[real], padded[real], atol=1e-5), impl

@@ -3,6 +3,7 @@ the same update as with a separate log-prob pass, and `step_logprobs()` returns 
 import pytest
 import torch
 
+from actors.ds_model import PackedOutput
 from actors.policy import PolicyTrainer
 from rlhf.config import AlgorithmConfig, TrainerConfig
 from tests.actors.test_trainer_group import sft_batches
@@ -66,8 +67,10 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean", "token-mean"])
 def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg):
     """The same rows give the same update whether trained as one micro-batch of 16, as four of 4 (each cut to its
-    own longest row by length grouping), or by a token budget (trainer.max_tokens_per_micro_batch). Dr. GRPO's seq-mean-token-sum-norm divides by a constant (the generation
-    budget), not by a micro-batch's width, which differs between the two splits."""
+    own longest row by length grouping), by a token budget (trainer.max_tokens_per_micro_batch), or packed
+    without padding (trainer.packing: rows end to end, position ids restarting per row). Dr. GRPO's
+    seq-mean-token-sum-norm divides by a constant (the generation budget), not by a micro-batch's width, which
+    differs between the splits."""
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     # very uneven answer lengths: keep only each row's first 1..16 answer tokens in the loss
     first = batch["loss_mask"].float().argmax(-1)
@@ -81,7 +84,10 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
     # micro-batches by padded tokens: as many rows as fit 3 of the longest, so their row counts differ
     configs.append(TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0,
                                  max_tokens_per_micro_batch=3 * longest))
+    configs += [TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=m, warmup_steps=0, packing=True)
+                for m in (16, 4)]
     trainers = [PolicyTrainer(tiny_model_dir, c) for c in configs]
+    assert isinstance(trainers[3].ds(batch), PackedOutput) and not isinstance(trainers[0].ds(batch), PackedOutput)
     sizes = [len(rows) for rows, _ in trainers[2].ds._micro_batches(batch, 1)]
     assert sum(sizes) == 16 and sizes[0] <= 3 and len(set(sizes)) > 1, sizes
     # off-policy old log-probs: ratios and clipping vary token by token, so a wrongly weighted metric shows
@@ -114,3 +120,18 @@ def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):
         assert sorted(epoch[0] + epoch[1]) == list(range(16))
     assert seen[:2] == [list(range(8)), list(range(8, 16))]
     assert sorted(map(tuple, seen[:2])) != sorted(map(tuple, seen[2:]))
+
+
+def test_a_packed_critic_gives_the_padded_values_and_update(tiny_model_dir):
+    """trainer.packing applies to the critic's value head too (one value a token): the same values and value loss."""
+    from actors.critic import Critic
+
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
+    padded, packed = Critic(tiny_model_dir, tr), Critic(tiny_model_dir, TrainerConfig(**{**vars(tr), "packing": True}))
+    values, mask = padded.compute_values(batch), batch["loss_mask"]
+    assert torch.allclose(packed.compute_values(batch) * mask, values * mask, atol=1e-5)  # padding: 0, unused
+    rows = dict(batch, old_values=values, returns=torch.randn(values.shape, generator=torch.Generator().manual_seed(0)))
+    a, b = padded.value_step(rows, AlgorithmConfig()), packed.value_step(rows, AlgorithmConfig())
+    assert b["critic/loss"] == pytest.approx(a["critic/loss"], rel=1e-5)
+    assert b["critic/grad_norm"] == pytest.approx(a["critic/grad_norm"], rel=1e-5)
