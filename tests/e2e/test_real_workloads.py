@@ -51,14 +51,16 @@ def test_grpo_on_a_foreign_bos_checkpoint_and_a_prompt_only_file(tmp_path):
 def test_chat_recipe_pair_sft_then_grpo(tmp_path):
     from transformers import AutoTokenizer
 
-    sft, rl = tmp_path / "sft", tmp_path / "grpo"
+    sft, rl, evals = tmp_path / "sft", tmp_path / "grpo", tmp_path / "eval.jsonl"
+    with open("examples/data/chat_math_eval.jsonl") as f:
+        evals.write_text("".join(f.readlines()[:32]))  # both runs evaluate twice: 32 of the 128 prompts
     res = run_cli("--config", "examples/chat_math_sft.yaml", f"output_dir={sft}", "trainer.max_steps=40",
-                  "eval.every=0", "checkpoint.every=0", timeout=900)
+                  "eval.every=0", "checkpoint.every=0", f"data.eval_path={evals}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "eval/accuracy" in res.stdout
     res = run_cli("--config", "examples/chat_math_grpo.yaml", f"output_dir={rl}", f"model.path={sft}/final",
                   "trainer.max_steps=2", "eval.every=0", "rollout.prompts_per_step=16",
-                  "logging.rollouts_every=1", timeout=900)
+                  "logging.rollouts_every=1", f"data.eval_path={evals}", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(rl))
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows[1:]) and "eval/pass@4" in rows[0]
