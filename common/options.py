@@ -37,7 +37,7 @@ class TrainerConfig:
     # the same loss. For per-sequence attention (flash attention on GPU); under CPU sdpa's dense mask it is 0.44x
     # (benchmarks/micro_batch_bench.py). Policy and critic (per-token outputs), not the reward model
     packing: bool = False
-    attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null = HF's
+    attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null: HF
 
 
 @dataclass
