@@ -102,6 +102,13 @@ def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
     return folder, state
 
 
+def timed_evaluation(stage: Stage) -> dict:
+    """The stage's evaluation metrics and `time/eval`, its seconds (outside `time/step`)."""
+    begin = time.perf_counter()
+    metrics = stage.evaluate()
+    return {**metrics, "time/eval": time.perf_counter() - begin}
+
+
 def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: MetricsLogger,
           resume_from: Optional[str], state: Optional[dict]) -> tuple[dict, dict]:
     """The one training loop: evaluate first (or resume from `resume_from`), step, evaluate every `eval.every`
@@ -114,14 +121,14 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:
-        logger.log(0, {**stage.evaluate(), **stage.initial_metrics()}, advance=False)
+        logger.log(0, {**timed_evaluation(stage), **stage.initial_metrics()}, advance=False)
     row: dict = {}
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
         row = stage.step(step)
         row["time/step"] = time.perf_counter() - begin
         if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-            row.update(stage.evaluate())
+            row.update(timed_evaluation(stage))
         if guard.observe(row):
             warn_skipped(logger, step, row)
         logger.log(step, row)

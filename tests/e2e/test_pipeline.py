@@ -18,6 +18,7 @@ def test_sft_then_grpo_learns(sft_model, tmp_path):
     assert [r["step"] for r in sft] == list(range(151))
     assert all({"train/loss", "train/grad_norm", "train/lr", "time/step"} <= set(r) for r in sft[1:])
     assert [r["step"] for r in sft if "eval/exact_match" in r] == [0, 75, 150]
+    assert [r["step"] for r in sft if r.get("time/eval", 0) > 0] == [0, 75, 150]  # evaluations are timed
     assert sft[-1]["train/loss"] < 0.5 * sft[1]["train/loss"]
     assert sft[-1]["eval/reward_mean"] > sft[0]["eval/reward_mean"] + 0.2
 
@@ -30,7 +31,7 @@ def test_sft_then_grpo_learns(sft_model, tmp_path):
         assert RL_METRICS <= set(r), RL_METRICS - set(r)
         assert r["rollout/logprob_diff"] < 1e-3
     evals = [r for r in rl if "eval/exact_match" in r]
-    assert [r["step"] for r in evals] == [0, 8, 16]
+    assert [r["step"] for r in evals] == [0, 8, 16] and all(r["time/eval"] > 0 for r in evals)
     assert evals[0]["eval/exact_match"] == pytest.approx(sft[-1]["eval/exact_match"], abs=0.02)
     # Exact match on 64 prompts moves in steps of 1/64 and may stand still for 16 steps; the mean reward (partial
     # credit per position) is the finer measure of the same learning.
