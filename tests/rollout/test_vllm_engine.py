@@ -165,6 +165,11 @@ class TrainerWithEngine:
         batch = samples_to_batch(self.engine.generate(prompts, SAMPLING), pad_id)
         return logprob_diff(self.trainer.compute_logprobs(batch), batch)
 
+    @staticmethod
+    def frames_compiled() -> int:
+        from torch._dynamo.utils import counters
+        return sum(counters["frames"].values())
+
 
 @pytest.mark.slow
 def test_in_process_channel(ray_local, tiny_model_dir):
@@ -176,6 +181,9 @@ def test_in_process_channel(ray_local, tiny_model_dir):
             stale, fresh = ray_get([worker.step_sync_and_diff.remote(batch, prompts, tok.pad_token_id)], 600,
                                    ["hybrid worker"])[0]
             assert stale > 1e-2 and fresh < 1e-3
+        # vLLM's sampler would compile its token-rank helper on the first generate (2.4 s, a C++ build): on CPU
+        # the engine turns torch.compile off (rollout.vllm_engine.no_torch_compile), so nothing was compiled
+        assert ray_get([worker.frames_compiled.remote()], 60, ["hybrid worker"])[0] == 0
     finally:
         ray_local.kill(worker)
 
