@@ -20,9 +20,9 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank va
 
 def no_torch_compile() -> None:
     """CPU: torch.compile off in this process and the engine processes it starts. vLLM's sampler compiles a helper
-    (token ranks for the log-probs we ask for) with inductor on first use: a dynamo trace and a C++ build in every
-    engine, measured at 2.4-2.7 s of its first generate (0.06 s eager; later calls 0.03 s either way). The model
-    itself already runs eagerly on CPU (enforce_eager), so nothing else is compiled."""
+    (token ranks for the log-probs we ask for) with inductor on first use, a dynamo trace and an inductor compile in
+    every engine: measured at 2.4-2.7 s of its first generate (0.06 s eager; later calls 0.03 s either way). The
+    model itself already runs eagerly on CPU (enforce_eager), so nothing else is compiled."""
     os.environ["TORCH_COMPILE_DISABLE"] = "1"  # read when torch._dynamo loads, here or in a child process
     if "torch._dynamo.config" in sys.modules:  # already loaded: the flag is read at each compile
         sys.modules["torch._dynamo.config"].disable = True

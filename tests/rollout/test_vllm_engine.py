@@ -181,8 +181,8 @@ def test_in_process_channel(ray_local, tiny_model_dir):
             stale, fresh = ray_get([worker.step_sync_and_diff.remote(batch, prompts, tok.pad_token_id)], 600,
                                    ["hybrid worker"])[0]
             assert stale > 1e-2 and fresh < 1e-3
-        # vLLM's sampler would compile its token-rank helper on the first generate (2.4 s, a C++ build): on CPU
-        # the engine turns torch.compile off (rollout.vllm_engine.no_torch_compile), so nothing was compiled
+        # vLLM's sampler would compile its token-rank helper on the first generate (2.4 s of dynamo and inductor):
+        # on CPU the engine turns torch.compile off (rollout.vllm_engine.no_torch_compile), so nothing was compiled
         assert ray_get([worker.frames_compiled.remote()], 60, ["hybrid worker"])[0] == 0
     finally:
         ray_local.kill(worker)
