@@ -93,5 +93,5 @@ def unpack_rows(packed: torch.Tensor, where: torch.Tensor, rows: int, width: int
     """A packed per-token output (1, N, ...) back in the padded layout (B, W, ...), zeros on padding (differentiable:
     its gradient is the gradient at each token's packed position)."""
     flat = packed.new_zeros((rows * width,) + tuple(packed.shape[2:]))
-    flat = flat.index_copy(0, where, packed[0])
+    flat.index_copy_(0, where, packed[0])  # in place: one logits-sized tensor, not two
     return flat.view((rows, width) + tuple(packed.shape[2:]))

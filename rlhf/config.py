@@ -29,6 +29,7 @@ LORA_SYNC = ("adapter", "merged")
 SYNC_CHANNELS = ("auto", "broadcast", "ipc")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
 LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
@@ -227,9 +228,6 @@ def _validate_model(cfg: RunConfig, bad, choice, positive) -> None:
             f"(hidden_size / num_heads), which vLLM cannot run; choose one of {VLLM_HEAD_DIMS}")
     if t.num_kv_heads > 0 and t.num_heads % t.num_kv_heads:
         bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
-
-
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:

@@ -1,5 +1,7 @@
 """A single on-policy update (one epoch, one mini-batch) takes its old log-probs from the training forward itself:
 the same update as with a separate log-prob pass, and `step_logprobs()` returns that pass's values in row order."""
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -128,7 +130,7 @@ def test_a_packed_critic_gives_the_padded_values_and_update(tiny_model_dir):
 
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
-    padded, packed = Critic(tiny_model_dir, tr), Critic(tiny_model_dir, TrainerConfig(**{**vars(tr), "packing": True}))
+    padded, packed = Critic(tiny_model_dir, tr), Critic(tiny_model_dir, replace(tr, packing=True))
     values, mask = padded.compute_values(batch), batch["loss_mask"]
     assert torch.allclose(packed.compute_values(batch) * mask, values * mask, atol=1e-5)  # padding: 0, unused
     rows = dict(batch, old_values=values, returns=torch.randn(values.shape, generator=torch.Generator().manual_seed(0)))
