@@ -3,9 +3,10 @@ part of its start-up as it logs them with step 0 (time/start_*), the seconds fro
 and the whole run's wall time; with its own local Ray (the default) and joining a Ray that is already running (as
 under `ray job submit`, or in the test suite).
 
-    python benchmarks/startup.py [--repeats 3] [--engines 1] [--ranks 1]
+    python benchmarks/startup.py [--repeats 3] [--engines 1] [--ranks 1] [--placements colocate,hybrid]
 
-Prints the median of each column over the repeats, per mode. The parts overlap (trainers and engines load at once;
+Prints the median of each column over the repeats, per mode and placement (`hybrid`: each engine inside its
+trainer rank's process, one engine per rank; the placements alternate launch by launch). The parts overlap (trainers and engines load at once;
 the tokenizer loads while Ray starts), so they do not add up to the total.
 """
 from __future__ import annotations
@@ -25,12 +26,13 @@ sys.path.insert(0, ROOT)
 from benchmarks.helpers import print_table  # noqa: E402
 
 
-def launch(model: str, out: str, ranks: int, engines: int, env: dict) -> dict:
+def launch(model: str, out: str, ranks: int, engines: int, env: dict, placement: str = "colocate") -> dict:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={model}",
                     f"output_dir={out}", "trainer.max_steps=1", "eval.every=0", "data.num_eval=16",
                     "rollout.prompts_per_step=16", "trainer.batch_size=128", f"trainer.world_size={ranks}",
-                    f"rollout.num_engines={engines}", "checkpoint.every=0", "logging.tensorboard=false"],
+                    f"rollout.num_engines={engines}", "checkpoint.every=0", "logging.tensorboard=false",
+                    f"placement.mode={placement}"],
                    cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -43,7 +45,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ranks", type=int, default=1)
     p.add_argument("--engines", type=int, default=1)
+    p.add_argument("--placements", default="colocate", help="comma-separated placement.mode values to compare")
     args = p.parse_args()
+    placements = args.placements.split(",")
 
     import secrets
 
@@ -55,18 +59,25 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="rlhf-startup-")
     model = build("1M", root)
     # One mode after the other, not alternating: a local Ray starts ~3 s slower while another one runs.
-    runs = {"own local Ray": [launch(model, os.path.join(root, f"own-{i}"), args.ranks, args.engines, env)
-                              for i in range(args.repeats)]}
+    runs: dict[tuple[str, str], list[dict]] = {}
+
+    def launches(mode: str, env: dict) -> None:
+        for i in range(args.repeats):
+            for placement in placements:
+                runs.setdefault((mode, placement), []).append(
+                    launch(model, os.path.join(root, f"{mode[:3]}-{placement}-{i}"), args.ranks, args.engines, env,
+                           placement))
+    launches("own local Ray", env)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    joined = dict(env, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-    runs["joining a running Ray"] = [launch(model, os.path.join(root, f"joined-{i}"), args.ranks, args.engines,
-                                            joined) for i in range(args.repeats)]
+    launches("joining a running Ray", dict(env, RAY_ADDRESS=ray.get_runtime_context().gcs_address))
     ray.shutdown()
-    columns = [k for k in runs["own local Ray"][0] if k not in ("since_launch", "wall")] + ["since_launch", "wall"]
+    first = next(iter(runs.values()))[0]
+    columns = [k for k in first if k not in ("since_launch", "wall")] + ["since_launch", "wall"]
     print(f"GRPO, 1M model, {args.ranks} trainer rank(s), {args.engines} engine(s), one step; median of "
           f"{args.repeats} launches, seconds:")
-    print_table(["Ray"] + columns, [[mode] + [statistics.median(r[c] for r in rs) for c in columns]
-                                    for mode, rs in runs.items()])
+    print_table(["Ray", "placement"] + columns,
+                [[mode, placement] + [statistics.median(r.get(c, 0.0) for r in rs) for c in columns]
+                 for (mode, placement), rs in runs.items()])
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def common_args(a) -> dict:
     """Settings both trainers share: fp32 on CPU, constant LR, no warm-up, clip 1.0, no saving or reporting."""
     return dict(output_dir=a.out, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
                 weight_decay=0.0, max_grad_norm=1.0, max_steps=a.steps, logging_steps=1, save_strategy="no",
-                report_to="none", use_cpu=True, bf16=False, fp16=False, seed=0, dataloader_num_workers=0,
+                report_to="none", use_cpu=True, bf16=False, fp16=False, seed=a.seed, dataloader_num_workers=0,
                 disable_dropout=True)
 
 
@@ -108,10 +108,11 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the cores TRL may use)")
+    p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
 
     torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     rows = [json.loads(line) for line in open(a.data, encoding="utf-8")]
     tok = AutoTokenizer.from_pretrained(a.model)
     probe = rows[0]["prompt"]

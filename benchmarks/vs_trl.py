@@ -1,11 +1,13 @@
 """This project vs Hugging Face TRL on identical inputs, in one run on one machine.
 
     python benchmarks/vs_trl.py                          # GRPO, tiny sort model, 50 steps, TRL on every core
+    python benchmarks/vs_trl.py --seed 1                 # another seed for both sides (the eval gain is noisy)
     python benchmarks/vs_trl.py --trl-threads 1 --ours 1x1   # one thread each
     python benchmarks/vs_trl.py --algo dpo
     python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
     python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
     python benchmarks/vs_trl.py --ours 2x2,2x2s1.5   # s1.5: algorithm.oversample=1.5 (informative groups kept)
+    python benchmarks/vs_trl.py --ours 2x2,2x2h      # h: placement.mode=hybrid (each engine in its rank's process)
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
 .cache/vs_trl/), use fp32, the same prompts in the same order, the same reward function, constant LR, no KL, clip
@@ -80,14 +82,14 @@ def sft_checkpoint(size: str) -> str:
 
 
 def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines: int = 1,
-           oversample: float = 1.0) -> tuple[str, list[str]]:
+           oversample: float = 1.0, seed: int = 0) -> tuple[str, list[str]]:
     """Our recipe and overrides that pin every setting the comparison shares; `ranks` trainer processes (data
     parallel) and `engines` vLLM engines, each one torch thread. `oversample` 1 is TRL's algorithm; more generates
     extra prompts and keeps the groups with signal (named in the table)."""
     common = [f"trainer.world_size={ranks}" if algo == "grpo" else "trainer.world_size=1", f"model.path={model}",
               f"output_dir={out}", f"trainer.max_steps={steps}", "trainer.warmup_steps=0",
               "trainer.grad_clip=1.0", "trainer.weight_decay=0.0", "eval.every=0", "checkpoint.every=0",
-              "logging.tensorboard=false", f"data.num_train={steps * 64}"]
+              "logging.tensorboard=false", f"data.num_train={steps * 64}", f"seed={seed}"]
     if algo == "dpo":
         return "examples/sort_dpo.yaml", common + [
             "trainer.lr=1e-4", "trainer.batch_size=128", "trainer.micro_batch_size=128", "algorithm.beta=0.1",
@@ -101,12 +103,12 @@ def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines:
         "algorithm.ppo_epochs=1"]
 
 
-def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
+def inputs(algo: str, model: str, steps: int, seed: int = 0) -> tuple[object, list[dict]]:
     """Our resolved config, and the rows our loop will draw, in its order (what TRL is fed, unshuffled)."""
     from rlhf.config import load_config
     from rlhf.data import BatchIterator, preference_rows, prompt_rows
 
-    path, overrides = recipe(algo, model, os.path.join(CACHE, "probe"), steps)
+    path, overrides = recipe(algo, model, os.path.join(CACHE, "probe"), steps, seed=seed)
     cfg = load_config(os.path.join(ROOT, path), overrides)
     rows = (preference_rows if algo == "dpo" else prompt_rows)(cfg.data, "train", cfg.seed)
     it = BatchIterator(rows, 64, cfg.seed)
@@ -114,11 +116,14 @@ def inputs(algo: str, model: str, steps: int) -> tuple[object, list[dict]]:
 
 
 def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False,
-             oversample: float = 1.0) -> dict:
-    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}s{oversample}-{time.strftime('%H%M%S')}")
-    path, overrides = recipe(algo, model, out, steps, ranks, engines, oversample)
+             oversample: float = 1.0, hybrid: bool = False, seed: int = 0) -> dict:
+    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}{'h' * hybrid}s{oversample}-"
+                              f"{time.strftime('%H%M%S')}")
+    path, overrides = recipe(algo, model, out, steps, ranks, engines, oversample, seed)
     if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
         overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
+    if hybrid:
+        overrides += ["placement.mode=hybrid"]
     code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
                                env=run_env())
     assert code == 0, f"our run failed (exit {code}); see {out}"
@@ -128,14 +133,14 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
     name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
-        (", overlapped one step off-policy" if overlap else "") + \
+        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + \
         (f", oversample {oversample:g})" if oversample != 1 else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases,
                 evals=sum(r.get("time/eval", 0.0) for r in (first, *rows)))  # before and after training
 
 
-def run_trl(algo: str, model: str, rows: list[dict], steps: int, threads: int = 1) -> dict:
+def run_trl(algo: str, model: str, rows: list[dict], steps: int, threads: int = 1, seed: int = 0) -> dict:
     out = os.path.join(CACHE, f"trl-{algo}-{time.strftime('%H%M%S')}")
     os.makedirs(out, exist_ok=True)
     data = os.path.join(out, "rows.jsonl")
@@ -144,7 +149,8 @@ def run_trl(algo: str, model: str, rows: list[dict], steps: int, threads: int = 
     python = trl_python()
     code, peak, wall = measure([python, os.path.join(ROOT, "benchmarks", "trl_side.py"), algo, "--model", model,
                                 "--data", data, "--out", out, "--steps", str(steps),
-                                "--lr", "1e-4" if algo == "dpo" else "5e-4", "--threads", str(threads)],
+                                "--lr", "1e-4" if algo == "dpo" else "5e-4", "--threads", str(threads),
+                                "--seed", str(seed)],
                                cwd=out, env=dict(run_env(), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads)))
     assert code == 0, f"TRL run failed (exit {code}); see {out}"
     log = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
@@ -200,27 +206,29 @@ def main() -> None:
     p.add_argument("--algo", choices=["grpo", "dpo"], default="grpo")
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--ours", default="1x1,2x2",
-                   help="our configurations to run, RANKSxENGINES[o][sF] (o: rollout.overlap; sF: "
-                        "algorithm.oversample=F; grpo; dpo runs 1x1)")
+    p.add_argument("--ours", default="1x1,2x2h",
+                   help="our configurations to run, RANKSxENGINES[o][h][sF] (o: rollout.overlap; h: "
+                        "placement.mode=hybrid; sF: algorithm.oversample=F; grpo; dpo runs 1x1)")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads for TRL: the cores our --equal configuration's processes share")
     p.add_argument("--equal", default=None, help="which of --ours has TRL's cores (default: the last one)")
+    p.add_argument("--seed", type=int, default=0, help="both sides' seed: sampling, the prompts' order, the eval "
+                                                        "set (one run's eval gain is noisy: compare several)")
     a = p.parse_args()
 
     os.environ.update(ONE_THREAD)
     model = sft_checkpoint(a.size)
-    cfg, rows = inputs(a.algo, model, a.steps)
+    cfg, rows = inputs(a.algo, model, a.steps, a.seed)
     print(f"{a.algo}, {a.size} model ({n_params(model) / 1e6:.1f}M parameters), {a.steps} steps", flush=True)
-    results = [run_trl(a.algo, model, rows, a.steps, a.trl_threads)]
+    results = [run_trl(a.algo, model, rows, a.steps, a.trl_threads, a.seed)]
     configs = ["1x1"] if a.algo == "dpo" else a.ours.split(",")
     equal = a.equal or configs[-1]
     for config in sorted(configs, key=lambda c: c == equal):  # the equal-cores one last
-        m = re.fullmatch(r"(\d+)x(\d+)(o?)(?:s([\d.]+))?", config)
+        m = re.fullmatch(r"(\d+)x(\d+)(o?)(h?)(?:s([\d.]+))?", config)
         if m is None:
-            p.error(f"--ours {config!r}: write RANKSxENGINES, optionally followed by o and/or sF (e.g. 2x2s1.5)")
+            p.error(f"--ours {config!r}: write RANKSxENGINES, optionally followed by o, h and/or sF (e.g. 2x2hs1.5)")
         results.append(run_ours(a.algo, model, a.steps, int(m[1]), int(m[2]), overlap=m[3] == "o",
-                                oversample=float(m[4] or 1)))
+                                hybrid=m[4] == "h", oversample=float(m[5] or 1), seed=a.seed))
         results[-1]["equal"] = config == equal
     for r in results:
         r["em"] = exact_match(cfg, r["model"])

@@ -27,6 +27,7 @@ LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean
 ENGINES = ("vllm", "hf")
 LORA_SYNC = ("adapter", "merged")
 SYNC_CHANNELS = ("auto", "broadcast", "ipc")
+PLACEMENT_MODES = ("colocate", "hybrid", "split")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -78,7 +79,9 @@ class DataConfig:
 
 @dataclass
 class PlacementConfig:
-    mode: str = "colocate"  # colocate: all roles share the GPUs | split: each role its own GPUs
+    # colocate: all roles share the GPUs | hybrid: as colocate, each rollout engine inside its trainer rank's
+    # process (one engine per rank, synced by reference) | split: each role its own GPUs
+    mode: str = "colocate"
     num_gpus: int = 0  # 0 = CPU only (no GPU requests)
     # copies of the reference model, each scoring a share of the rows; null = one beside every trainer rank when
     # colocated on GPUs (no extra GPU), else 1 (under split each copy takes a whole GPU)
@@ -256,7 +259,7 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
             "need rank >= 0 (0 = off), alpha > 0, 0 <= dropout < 1 and at least one target module")
     if lora.rank > 0 and cfg.stage in ("rm", "dpo"):
         bad("model.lora.rank", lora.rank, f"the {cfg.stage} stage trains full weights; set it to 0")
-    choice("placement.mode", cfg.placement.mode, ("colocate", "split"))
+    choice("placement.mode", cfg.placement.mode, PLACEMENT_MODES)
     if cfg.placement.num_gpus < 0:
         bad("placement.num_gpus", cfg.placement.num_gpus, "must be >= 0 (0 = CPU only)")
     choice("trainer.zero_stage", tr.zero_stage, (0, 1, 2, 3))

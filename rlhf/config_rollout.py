@@ -33,6 +33,9 @@ def validate_sync(cfg: RunConfig, bad) -> None:
     """The weight-sync channel against the placement (what NCCL and CUDA IPC can and cannot do)."""
     r = cfg.rollout
     pl = cfg.placement
+    if pl.mode == "hybrid":
+        validate_hybrid(cfg, bad)
+        return
     from rollout.sync import cuda_ipc_reaches
     if r.sync_channel == "ipc" and pl.num_gpus > 0 and not cuda_ipc_reaches(pl.mode, r.num_engines,
                                                                             cfg.trainer.world_size):
@@ -49,3 +52,21 @@ def validate_sync(cfg: RunConfig, bad) -> None:
     if cfg.model.lora.rank > 512 and r.engine == "vllm" and r.lora_sync == "adapter":
         bad("model.lora.rank", cfg.model.lora.rank, "vLLM applies adapters up to rank 512; lower it or set "
             "rollout.lora_sync=merged")
+
+
+def validate_hybrid(cfg: RunConfig, bad) -> None:
+    """`placement.mode: hybrid`: one engine inside each trainer rank, its engine core in the same process, synced
+    by reference; the rank does one thing at a time."""
+    r, world = cfg.rollout, cfg.trainer.world_size
+    if r.num_engines != world:
+        bad("rollout.num_engines", r.num_engines, f"placement.mode=hybrid puts one engine in each trainer rank: set "
+            f"rollout.num_engines={world} (trainer.world_size), or placement.mode=colocate")
+    if r.sync_channel != "auto":
+        bad("rollout.sync_channel", r.sync_channel, "placement.mode=hybrid hands the weights to the engine in the "
+            "same process: set rollout.sync_channel=auto, or placement.mode=colocate")
+    if r.multiprocess:
+        bad("rollout.multiprocess", True, "placement.mode=hybrid keeps the engine core in the trainer's process "
+            "(the sync passes tensors by reference): set rollout.multiprocess=null, or placement.mode=colocate")
+    if r.overlap:
+        bad("rollout.overlap", True, "placement.mode=hybrid generates and trains in one process, one after the "
+            "other: set rollout.overlap=false, or placement.mode=split")

@@ -102,7 +102,7 @@ class RLController:
         self._setup_sync()
         print(f"weight sync: {self.channel}", flush=True)
         self.startup["time/start_engines"] += time.perf_counter() - engines_start
-        if r.max_engine_restarts > 0:
+        if r.max_engine_restarts > 0 and not self.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
             self.rollout.on_restart = self._engine_restarted
 
     def _setup_sync(self) -> None:

@@ -1,5 +1,6 @@
 """Where each role's actors run. `colocate`: every role shares the same GPU bundles through fractional GPU requests
-(phases time-slice the GPUs). `split`: each role gets whole GPUs of its own. With `placement.num_gpus: 0` actors
+(phases time-slice the GPUs). `hybrid`: as colocate, with each rollout engine inside its policy rank's process
+(actors.hybrid; no rollout role of its own). `split`: each role gets whole GPUs of its own. With `placement.num_gpus: 0` actors
 only ask for a fraction of a CPU. On a CPU host, `ray.init(num_gpus=k)` makes logical GPUs, so the same logic runs
 (and is tested) without CUDA."""
 from __future__ import annotations
@@ -14,9 +15,9 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[lis
 
     ranks: role -> number of actors, e.g. {"policy": 2, "rollout": 2}. Pure: no Ray calls.
     """
-    if mode == "colocate":
+    if mode in ("colocate", "hybrid"):
         if max(ranks.values()) > num_gpus:
-            raise UserError(f"placement.num_gpus = {num_gpus}: colocating needs one GPU per rank of the largest "
+            raise UserError(f"placement.num_gpus = {num_gpus}: {mode} needs one GPU per rank of the largest "
                             f"role ({max(ranks, key=ranks.get)} has {max(ranks.values())}); raise num_gpus or use "
                             "placement.mode=split")
         share = 1.0 / len(ranks)
@@ -32,7 +33,7 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[lis
             out[role] = [(next_bundle + i, 1.0) for i in range(n)]
             next_bundle += n
         return [{"GPU": 1, "CPU": 0.5} for _ in range(next_bundle)], out
-    raise UserError(f"placement.mode = {mode!r}: must be colocate or split")
+    raise UserError(f"placement.mode = {mode!r}: must be colocate, hybrid or split")
 
 
 class Placement:

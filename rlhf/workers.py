@@ -25,7 +25,10 @@ class Workers:
 
 
 def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
-    ranks = {"policy": cfg.trainer.world_size, "rollout": cfg.rollout.num_engines}
+    """Actors per role. Under `placement.mode: hybrid` the engines live inside the policy ranks: no rollout role."""
+    ranks = {"policy": cfg.trainer.world_size}
+    if cfg.placement.mode != "hybrid":
+        ranks["rollout"] = cfg.rollout.num_engines
     if cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank == 0:
         ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
                                              cfg.placement.num_gpus, cfg.trainer.world_size)
@@ -43,10 +46,11 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
         from rollout.hf_engine import HFEngine
         return HFEngine, {}
     from rollout.vllm_engine import VLLMEngine
+    hybrid = cfg.placement.mode == "hybrid"  # the engine core stays in the trainer's process: tensors by reference
     return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
-                            multiprocess=multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
+                            multiprocess=not hybrid and multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
                             gpu_memory_utilization=r.gpu_memory_utilization,
-                            enable_sleep=placement.pg is not None and cfg.placement.mode == "colocate",
+                            enable_sleep=placement.pg is not None and cfg.placement.mode in ("colocate", "hybrid"),
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
                             sleep_level=1 if adapter_sync else 2)
@@ -55,13 +59,11 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
     """Every role starts at once, except engines that share a GPU with other roles (colocated on GPUs): those start
     only once every other model is loaded, since vLLM counts what the GPU allocates during its start-up profiling
-    as its own, so a reference model loading meanwhile would shrink its KV cache. `time/start_trainers` is the
-    wait for trainers and scorers, `time/start_engines` the further wait for the engines."""
+    as its own, so a reference model loading meanwhile would shrink its KV cache. Under `placement.mode: hybrid`
+    the engines start inside the policy ranks (actors.hybrid), so on GPUs those ranks start last. `time/start_trainers`
+    is the wait for trainers and scorers, `time/start_engines` the further wait for the engines."""
     from actors.critic import Critic
-    from actors.group import ActorGroup, Replicas
-    from actors.policy import PolicyTrainer
-    from actors.reference import ReferenceModel
-    from actors.reward_model import RewardModel
+    from actors.group import ActorGroup
     from rollout.group import RolloutGroup
 
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
@@ -69,28 +71,31 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)
+    hybrid = cfg.placement.mode == "hybrid"
 
     def start_engines() -> RolloutGroup:
+        if hybrid:  # the policy ranks are the engines' hosts
+            return RolloutGroup(policy.actors, in_trainers=True)
         return RolloutGroup.start(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
                                   placement.options["rollout"], engine_cls,
                                   max_restarts=cfg.rollout.max_engine_restarts)
 
-    shares_gpu = cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate"
-    rollout = None if shares_gpu else start_engines()
-    policy = ActorGroup(PolicyTrainer, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
-                        model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=m.lora, **common)
+    def start_policy():
+        return start_policy_ranks(cfg, model_path, placement, common, (engine_cls, {**common, **engine_kwargs})
+                                  if hybrid else None)
+
+    shares_gpu = cfg.placement.num_gpus > 0 and cfg.placement.mode in ("colocate", "hybrid")
+    rollout = None if shares_gpu or hybrid else start_engines()
+    reward_model, reference = start_scorers(cfg, model_path, placement, ranks, common)
+    policy = None if shares_gpu and hybrid else start_policy()
     critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
                          model_path=model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                          seed=cfg.seed, **common) if "critic" in ranks else None)
-    reward_model = (Replicas(RewardModel, "reward model", placement.options["reward"],
-                             ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
-                    if "reward" in ranks else None)
-    reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path, **common)
-                 if "reference" in ranks else None)
     for scorer in (reward_model, reference):  # (ActorGroups wait for their ranks already)
         if scorer is not None:
             scorer.ready()
     engines_start = time.perf_counter()
+    policy = policy or start_policy()
     rollout = rollout or start_engines()
     rollout.ready()
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
@@ -98,3 +103,34 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     return Workers(placement, policy, critic, reference, reward_model, rollout,
                    lora_reference=cfg.algorithm.kl_coef > 0 and m.lora.rank > 0, adapter_sync=adapter_sync,
                    startup=startup)
+
+
+def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, common: dict,
+                       hybrid_engine: Optional[tuple[type, dict]]):
+    """The policy's ActorGroup (it waits for every rank): PolicyTrainer ranks, or HybridWorker ranks each hosting
+    `hybrid_engine = (engine class, its arguments)`."""
+    from actors.group import ActorGroup
+    from actors.hybrid import HybridWorker
+    from actors.policy import PolicyTrainer
+
+    cls, extra = PolicyTrainer, {}
+    if hybrid_engine is not None:
+        cls, extra = HybridWorker, dict(engine_cls=hybrid_engine[0], engine_kwargs=hybrid_engine[1])
+    return ActorGroup(cls, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
+                      model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=cfg.model.lora, **common, **extra)
+
+
+def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: dict[str, int],
+                  common: dict) -> tuple:
+    """The reward model and reference copies (Replicas, loading in the background), each None when not needed."""
+    from actors.group import Replicas
+    from actors.reference import ReferenceModel
+    from actors.reward_model import RewardModel
+
+    m = cfg.model
+    reward_model = (Replicas(RewardModel, "reward model", placement.options["reward"],
+                             ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
+                    if "reward" in ranks else None)
+    reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path, **common)
+                 if "reference" in ranks else None)
+    return reward_model, reference

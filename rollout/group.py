@@ -26,9 +26,11 @@ class RolloutGroup:
     and push the current weights), an engine whose process dies is restarted by Ray and its share of the generation
     (or of a `call`) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
 
-    def __init__(self, engines: list, timeout_s: float = 600.0):
-        self.engines, self.timeout_s = engines, timeout_s
-        self.roles = [f"rollout engine {i}" for i in range(len(engines))]
+    def __init__(self, engines: list, timeout_s: float = 600.0, in_trainers: bool = False):
+        """`in_trainers`: the engines are hosted by the policy trainer ranks' own actors (placement.mode: hybrid),
+        so errors name the rank and a death is the rank's (no restart)."""
+        self.engines, self.timeout_s, self.in_trainers = engines, timeout_s, in_trainers
+        self.roles = [f"policy trainer {i}" if in_trainers else f"rollout engine {i}" for i in range(len(engines))]
         self.on_restart: Optional[Callable[[int], None]] = None
         self.lives = [0] * len(engines)  # restarts per engine: a call sent before the last one needs no new restart
         self._restarting = threading.Lock()  # multi-turn rollouts collect from several threads

@@ -3,8 +3,9 @@
 engine), and the driver's two calls (`setup_sync` once, `sync_weights` after every update).
 
 The bucket plan (rollout.weight_sync) travels once, at set-up, inside each end's `Endpoint`; a sync then carries
-nothing but the weights. Channels: `broadcast` (a dedicated process group from trainer rank 0, rollout.weight_sync)
-and `ipc` (shared memory / CUDA IPC from each engine's feeding trainer rank, rollout.ipc_sync).
+nothing but the weights. Channels: `broadcast` (a dedicated process group from trainer rank 0, rollout.weight_sync),
+`ipc` (shared memory / CUDA IPC from each engine's feeding trainer rank, rollout.ipc_sync), and `local` (the hybrid
+placement: each trainer rank hands its tensors to the engine in its own process, actors.hybrid).
 """
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ from rollout.weight_sync import SyncGroup, TensorSpec, receive_weights, send_wei
 
 
 def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, world_size: int) -> str:
-    """The weight-sync channel for a placement. `auto` takes `ipc` where every engine can map its feeding trainer
-    rank's memory: on a CPU host always (actors on other nodes fall back at set-up), on GPUs only when engine i
-    shares its GPU with trainer rank i (colocate, engines <= ranks). Otherwise `broadcast`."""
+    """The weight-sync channel for a placement. `hybrid` (engines inside the trainer ranks) is always `local`.
+    Otherwise `auto` takes `ipc` where every engine can map its feeding trainer rank's memory: on a CPU host always
+    (actors on other nodes fall back at set-up), on GPUs only when engine i shares its GPU with trainer rank i
+    (colocate, engines <= ranks). Otherwise `broadcast`."""
+    if mode == "hybrid":
+        return "local"
     if requested != "auto":
         return requested
     return "ipc" if num_gpus == 0 or cuda_ipc_reaches(mode, num_engines, world_size) else "broadcast"
@@ -54,14 +58,15 @@ def _device() -> Optional[torch.device]:
 
 
 class WeightSender:
-    """Trainer rank `rank`'s end: broadcast (rank 0 sends, the others only take part in ZeRO-3 gathers) or ipc (a
-    rank feeds `engines` through two shared staging buffers). `send` always consumes the whole export iterator,
-    since its gathers are collective over the trainer ranks."""
+    """Trainer rank `rank`'s end: broadcast (rank 0 sends, the others only take part in ZeRO-3 gathers), ipc (a
+    rank feeds `engines` through two shared staging buffers) or local (`local_engine`, in this process, is handed
+    the tensors by reference). `send` always consumes the whole export iterator, since its gathers are collective
+    over the trainer ranks."""
 
     def __init__(self, channel: str, rank: int, host: str, port: int, plan: list[list[TensorSpec]],
-                 world_size: int = 0, engines: Iterable[int] = ()):
+                 world_size: int = 0, engines: Iterable[int] = (), local_engine=None):
         self.channel, self.plan = channel, plan
-        self.group, self.ipc = None, None
+        self.group, self.ipc, self.local = None, None, local_engine
         if channel == "broadcast" and rank == 0:
             self.group = SyncGroup(host, port, 0, world_size)
         elif channel == "ipc":
@@ -84,6 +89,15 @@ class WeightSender:
             return send_weights(self.group, named, self.plan)
         if self.ipc is not None:
             return self.ipc.send(named, self.plan)
+        if self.local is not None:
+            sent = [0]
+
+            def counted():
+                for name, tensor in named:
+                    sent[0] += tensor.numel() * tensor.element_size()
+                    yield name, tensor
+            self.local.update_weights(counted())
+            return sent[0]
         drain(named)
         return 0
 
@@ -140,6 +154,9 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
     channel = "broadcast" if off_node else channel
     roles = _trainer_roles(trainers)
     host, port = ray_get([trainers[0].sync_address.remote()], timeout_s, roles[:1])[0]
+    if channel == "local":  # each rank's engine is in its own process: nothing to connect
+        ray_get([t.open_sender.remote("local", host, port, plan) for t in trainers], timeout_s, roles)
+        return channel
     world, plain = len(trainers), plan_to_plain(plan)
     if channel == "broadcast":
         refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines))
@@ -165,6 +182,8 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
 def sync_weights(trainers: list, group, timeout_s: float = 600.0) -> int:
     """One full-weight sync over the channel `setup_sync` formed: every trainer rank exports (ZeRO-3 gathers are
     collective) and sends, every engine reloads and drops its prefix cache, at once (they block on each other).
-    Returns the payload bytes of trainer rank 0."""
-    refs = [t.send_weights.remote() for t in trainers] + [e.receive_weights.remote() for e in group.engines]
-    return ray_get(refs, timeout_s, _trainer_roles(trainers) + group.roles)[0]
+    Returns the payload bytes of trainer rank 0. Engines hosted by the trainer ranks (`local`) receive inside
+    their rank's send."""
+    receivers = [] if group.in_trainers else group.engines
+    refs = [t.send_weights.remote() for t in trainers] + [e.receive_weights.remote() for e in receivers]
+    return ray_get(refs, timeout_s, _trainer_roles(trainers) + group.roles[:len(receivers)])[0]

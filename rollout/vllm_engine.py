@@ -97,8 +97,10 @@ class VLLMEngine:
         return n
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """In-process channel (tensors go by reference; across processes they are sent as safetensors bytes)."""
-        named = [(k, v.detach()) for k, v in named_tensors]
+        """In-process channel. With the engine core in this process the iterator is streamed into vLLM's reload
+        (tensors by reference, one at a time: a ZeRO-3 export is never held whole); across processes the tensors
+        are sent as safetensors bytes."""
+        named = ((k, v.detach()) for k, v in named_tensors)
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
             from safetensors.torch import save as save_bytes
             named = save_bytes({k: v.contiguous() for k, v in named})

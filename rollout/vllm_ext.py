@@ -19,7 +19,7 @@ class WeightSyncExtension:
         return self._rlhf_reload(self._rlhf_receiver.receive())
 
     def rlhf_load_tensors(self, named) -> int:
-        """In-process channel: `named` is a list of (name, tensor), or safetensors bytes across processes."""
+        """In-process channel: `named` is an iterable of (name, tensor), or safetensors bytes across processes."""
         if isinstance(named, (bytes, bytearray)):
             from safetensors.torch import load as load_bytes
             named = list(load_bytes(bytes(named)).items())

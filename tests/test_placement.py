@@ -19,9 +19,22 @@ def test_plan_split_gives_each_role_its_own_bundles():
     assert len(bundles) == 4 and plan == {"policy": [(0, 1.0), (1, 1.0)], "rollout": [(2, 1.0), (3, 1.0)]}
 
 
+def test_hybrid_engines_have_no_role_of_their_own():
+    """The engines live in the policy ranks: the plan is colocate's without a rollout role, every rank on its GPU."""
+    from rlhf.config import RunConfig
+    from rlhf.workers import role_ranks
+    cfg = RunConfig()
+    cfg.placement.mode, cfg.trainer.world_size, cfg.rollout.num_engines = "hybrid", 2, 2
+    assert role_ranks(cfg, needs_critic=True) == {"policy": 2, "critic": 2}
+    bundles, plan = plan_placement("hybrid", 2, role_ranks(cfg, needs_critic=True))
+    assert len(bundles) == 2 and plan == {"policy": [(0, 0.5), (1, 0.5)], "critic": [(0, 0.5), (1, 0.5)]}
+    cfg.placement.mode = "colocate"
+    assert role_ranks(cfg, needs_critic=False) == {"policy": 2, "rollout": 2}
+
+
 @pytest.mark.parametrize("mode, gpus, needle", [("colocate", 1, "one GPU per rank of the largest role"),
                                                 ("split", 3, "one GPU per rank of every role"),
-                                                ("mixed", 4, "must be colocate or split")])
+                                                ("mixed", 4, "must be colocate, hybrid or split")])
 def test_plan_errors(mode, gpus, needle):
     with pytest.raises(UserError, match=needle):
         plan_placement(mode, gpus, {"policy": 2, "rollout": 2})
@@ -35,6 +48,8 @@ def test_plan_errors(mode, gpus, needle):
     ("auto", "split", 4, 2, 2, "broadcast"),
     ("broadcast", "colocate", 2, 2, 2, "broadcast"),
     ("ipc", "colocate", 0, 2, 1, "ipc"),
+    ("auto", "hybrid", 0, 2, 2, "local"),  # each engine is in its trainer rank's process
+    ("auto", "hybrid", 2, 2, 2, "local"),
 ])
 def test_sync_channel_follows_the_placement(requested, mode, gpus, engines, ranks, expected):
     assert sync_channel(requested, mode, gpus, engines, ranks) == expected
