@@ -1,8 +1,8 @@
 """Where each role's actors run. `colocate`: every role shares the same GPU bundles through fractional GPU requests
 (phases time-slice the GPUs). `hybrid`: as colocate, with each rollout engine inside its policy rank's process
-(actors.hybrid; no rollout role of its own). `split`: each role gets whole GPUs of its own. With `placement.num_gpus: 0` actors
-only ask for a fraction of a CPU. On a CPU host, `ray.init(num_gpus=k)` makes logical GPUs, so the same logic runs
-(and is tested) without CUDA."""
+(actors.hybrid; no rollout role of its own). `split`: each role gets whole GPUs of its own. With
+`placement.num_gpus: 0` actors only ask for a fraction of a CPU. On a CPU host, `ray.init(num_gpus=k)` makes logical
+GPUs, so the same logic runs (and is tested) without CUDA."""
 from __future__ import annotations
 
 from typing import Optional

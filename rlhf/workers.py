@@ -61,7 +61,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     only once every other model is loaded, since vLLM counts what the GPU allocates during its start-up profiling
     as its own, so a reference model loading meanwhile would shrink its KV cache. Under `placement.mode: hybrid`
     the engines start inside the policy ranks (actors.hybrid), so on GPUs those ranks start last. `time/start_trainers`
-    is the wait for trainers and scorers, `time/start_engines` the further wait for the engines."""
+    is the wait for trainers and scorers, `time/start_engines` the further wait for the engines (hybrid: on CPU
+    nothing, on GPUs the policy ranks with their engines)."""
     from actors.critic import Critic
     from actors.group import ActorGroup
     from rollout.group import RolloutGroup
@@ -73,8 +74,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)
     hybrid = cfg.placement.mode == "hybrid"
 
-    def start_engines() -> RolloutGroup:
-        if hybrid:  # the policy ranks are the engines' hosts
+    def start_engines(policy) -> RolloutGroup:
+        if hybrid:  # the policy ranks host the engines
             return RolloutGroup(policy.actors, in_trainers=True)
         return RolloutGroup.start(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
                                   placement.options["rollout"], engine_cls,
@@ -85,7 +86,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
                                   if hybrid else None)
 
     shares_gpu = cfg.placement.num_gpus > 0 and cfg.placement.mode in ("colocate", "hybrid")
-    rollout = None if shares_gpu or hybrid else start_engines()
+    rollout = None if shares_gpu or hybrid else start_engines(None)
     reward_model, reference = start_scorers(cfg, model_path, placement, ranks, common)
     policy = None if shares_gpu and hybrid else start_policy()
     critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
@@ -96,7 +97,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
             scorer.ready()
     engines_start = time.perf_counter()
     policy = policy or start_policy()
-    rollout = rollout or start_engines()
+    rollout = rollout or start_engines(policy)
     rollout.ready()
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
                "time/start_engines": time.perf_counter() - engines_start}

@@ -24,7 +24,8 @@ def test_grpo_trains_on_an_environment_from_outside_the_package(sft_model, tmp_p
                   "env.name=tests.envs.toy:SortTwice", "env.max_turns=3", "trainer.max_steps=3", "eval.every=0",
                   "rollout.prompts_per_step=16", "trainer.batch_size=128",
                   "rollout.max_model_len=128", "logging.rollouts_every=1", "logging.rollouts_per_step=2",
-                  timeout=900)
+                  # the engine in the trainer's process: trajectories' turns reach it one call at a time
+                  "placement.mode=hybrid", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(out))
     assert [r["step"] for r in rows] == [0, 1, 2, 3]

@@ -1,6 +1,6 @@
 """A run killed with SIGKILL at a random moment and rerun with the same command continues from its newest complete
-checkpoint, logs every step exactly once, and matches an uninterrupted run step for step: GRPO (Ray actors, vLLM)
-and SFT (the in-process loop the sft/dpo/rm stages share)."""
+checkpoint, logs every step exactly once, and matches an uninterrupted run step for step: GRPO (Ray actors, the vLLM
+engine inside the trainer rank) and SFT (the in-process loop the sft/dpo/rm stages share)."""
 import os
 import random
 import signal
@@ -21,7 +21,8 @@ def args(model, out):
     return ["--config", "examples/sort_grpo.yaml", f"model.path={model}", f"output_dir={out}",
             f"trainer.max_steps={STEPS}", "checkpoint.every=2", "checkpoint.keep_last=2", "eval.every=3",
             "data.num_eval=16", "rollout.prompts_per_step=16", "trainer.batch_size=64", "trainer.micro_batch_size=32",
-            "logging.rollouts_every=1", "logging.rollouts_per_step=2"]
+            "logging.rollouts_every=1", "logging.rollouts_per_step=2",
+            "placement.mode=hybrid"]  # a resume pushes the checkpoint's weights over the in-process channel
 
 
 def kill_at_random_moment(cmd_args, out, rng, last_target: int = STEPS - 1) -> int:

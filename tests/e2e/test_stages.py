@@ -43,7 +43,8 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
     res = run_cli("--config", "examples/sort_ppo_rm.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
                   f"reward.model_path={reward_model}", "trainer.max_steps=4", "eval.every=0", "data.num_eval=32",
                   # policy and critic hand their ZeRO states to CPU during every rollout, reload to train
-                  "trainer.zero_stage=2", "trainer.offload=true", timeout=900)
+                  "trainer.zero_stage=2", "trainer.offload=true",
+                  "placement.mode=hybrid", timeout=900)  # critic, reward model and reference beside hybrid ranks
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == list(range(5))
@@ -58,7 +59,8 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
 def test_grpo_lora_syncs_only_the_adapter(sft_model, tmp_path):
     res = run_cli("--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
                   "trainer.max_steps=3", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
-                  "trainer.lr=1e-2", "rollout.lora_sync=adapter", timeout=900)
+                  "trainer.lr=1e-2", "rollout.lora_sync=adapter",
+                  "placement.mode=hybrid", timeout=900)  # the adapter handed to the engine in the rank's process
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))[1:]
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows)  # the engine generated with the synced adapter
