@@ -7,7 +7,9 @@ a bare PyTorch loop (the HF model, torch.optim.AdamW, the same micro-batches and
 The rows look like one trainer rank's share of vs_trl.py's GRPO step (64 prompts x 8 samples over two ranks):
 16-token prompts, 4-16 sampled tokens. The table gives the median seconds per update of both and their ratio (what
 the framework adds over the arithmetic); `--profile N` prints the N functions with the most own time inside
-rl_step (cProfile), where the framework's share shows up.
+rl_step (cProfile), where the framework's share shows up. A second table puts the update's arithmetic rate
+(6 x parameters x the rows' real tokens, per second: the arithmetic the update cannot avoid) beside what one matmul reaches on this core, at the model's own
+shapes and at 1024^3: how close the update already is to the machine's floor.
 """
 from __future__ import annotations
 
@@ -70,6 +72,38 @@ class BareLoop:
         self.opt.zero_grad(set_to_none=True)
 
 
+def matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
+    """Median GFLOP/s of (m x k) @ (k x n) in fp32 on the current torch threads."""
+    import torch
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * m * k * n / statistics.median(times) / 1e9
+
+
+def arithmetic_rate(model_path: str, batch, micro: int, seconds: float) -> list[list]:
+    """The update's GFLOP/s (6 N T: forward 2, backward 4, for N parameters and the T real tokens of the rows; the
+    padding a micro-batch computes is not counted) beside matmul rates: at the model's MLP shape for one padded
+    micro-batch, and at 1024^3."""
+    import json
+    cfg = json.load(open(os.path.join(model_path, "config.json")))
+    from transformers import AutoModelForCausalLM
+    n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_path).parameters())
+    widths = [int(batch["attention_mask"][lo:lo + micro].sum(1).max()) * len(batch["input_ids"][lo:lo + micro])
+              for lo in range(0, len(batch["input_ids"]), micro)]
+    tokens = int(batch["attention_mask"].sum())
+    update = 6 * n_params * tokens / seconds / 1e9
+    mlp = matmul_gflops(widths[0], cfg["hidden_size"], cfg["intermediate_size"])
+    big = matmul_gflops(1024, 1024, 1024)
+    return [["the update (6 x params x real tokens)", update, update / big],
+            [f"matmul {widths[0]}x{cfg['hidden_size']}x{cfg['intermediate_size']} (the model's MLP)", mlp, mlp / big],
+            ["matmul 1024^3", big, 1.0]]
+
+
 def top_functions(fn, n: int) -> str:
     prof = cProfile.Profile()
     prof.enable()
@@ -117,6 +151,9 @@ def main() -> None:
           f"model{' ' + model if args.model else ''}, {torch.get_num_threads()} torch thread(s), median of {args.repeats} updates:")
     print_table(["update", "median s", "ratio to bare"],
                 [[name, statistics.median(t), statistics.median(t) / base] for name, t in times.items()])
+    print(f"\nArithmetic rate, {torch.get_num_threads()} torch thread(s):")
+    print_table(["what", "GFLOP/s", "of 1024^3 matmul"],
+                arithmetic_rate(model, batch, args.micro, statistics.median(times["ours (PolicyTrainer.rl_step)"])))
     if args.profile:
         print(f"\nrl_step, the {args.profile} functions with the most own time (cProfile):")
         print(top_functions(runs["ours (PolicyTrainer.rl_step)"], args.profile))

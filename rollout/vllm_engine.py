@@ -28,6 +28,12 @@ def no_torch_compile() -> None:
         sys.modules["torch._dynamo.config"].disable = True
 
 
+def sampled_logprobs(flat) -> list[float]:
+    """Each position's sampled-token log-prob from vLLM's FlatLogprobs (logprobs=0: the sampled token alone, and
+    vLLM puts it first at every position)."""
+    return [flat.logprobs[i] for i in flat.start_indices]
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
@@ -70,9 +76,12 @@ class VLLMEngine:
         self.sleep_state.check_can_generate()
         prompts, stops = render_prompts(self, prompts, sampling)
         # One seed per prompt: results depend only on (seed, prompt index), not on how prompts are batched.
+        # Token ids and the sampled tokens' log-probs are all we read: no detokenizing (vLLM would decode every
+        # token, and every log-prob's token, as it goes), log-probs in vLLM's flat container (no dict per token).
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(stops),
-                                 seed=None if sampling.seed is None else sampling.seed + i)
+                                 seed=None if sampling.seed is None else sampling.seed + i, detokenize=False,
+                                 flat_logprobs=True)
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
@@ -80,7 +89,7 @@ class VLLMEngine:
         for i, out in enumerate(outputs):
             for c in out.outputs:
                 ids = list(c.token_ids)
-                logps = [lp[t].logprob for t, lp in zip(ids, c.logprobs)]
+                logps = sampled_logprobs(c.logprobs)
                 samples.append(Sample(i, list(out.prompt_token_ids), ids, logps,
                                       "length" if c.finish_reason == "length" else "stop"))
         return samples
