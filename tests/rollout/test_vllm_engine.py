@@ -210,6 +210,9 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, **ENGINE))
     pids = group.call("process_ids")[0]
     assert len(pids) >= 2  # the actor and its engine-core child
+    # the engine froze the actor's heap only while vLLM started (its engine core, which freezes its own, is the child)
+    assert ray_get([group.engines[0].__ray_call__.remote(lambda _self: __import__("gc").get_freeze_count())], 60,
+                   ["engine 0"])[0] == 0
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)
