@@ -78,10 +78,11 @@ def multiprocess_engine(requested, num_gpus: int) -> bool:
 
 def reference_ranks(requested: Optional[int], mode: str, num_gpus: int, world_size: int) -> int:
     """`placement.reference_ranks`, or by default one reference copy per trainer rank when colocated on GPUs (each
-    bundle already holds a trainer rank; scoring is split across them instead of queueing on GPU 0), else one."""
+    bundle already holds a trainer rank; scoring is split across them instead of queueing on GPU 0; hybrid too),
+    else one."""
     if requested is not None:
         return requested
-    return world_size if num_gpus > 0 and mode == "colocate" else 1
+    return world_size if num_gpus > 0 and mode in ("colocate", "hybrid") else 1
 
 
 def seed_per_prompt(requested: Optional[bool], num_gpus: int) -> bool:

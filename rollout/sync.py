@@ -97,6 +97,7 @@ class WeightSender:
                     sent[0] += tensor.numel() * tensor.element_size()
                     yield name, tensor
             self.local.update_weights(counted())
+            drain(named)  # (left over only if the engine stopped early: the other ranks' gathers still need it)
             return sent[0]
         drain(named)
         return 0

@@ -90,6 +90,7 @@ def test_logical_gpu_placement(ray_local):
 
 @pytest.mark.parametrize("requested, mode, gpus, world, expected", [
     (None, "colocate", 8, 8, 8),  # one beside each trainer rank: scoring is spread over every GPU
+    (None, "hybrid", 4, 4, 4),  # hybrid is colocate with the engines inside the ranks
     (None, "split", 8, 4, 1),  # each copy would take a GPU of its own
     (None, "colocate", 0, 2, 1),  # CPU: one actor (start-up time)
     (2, "split", 8, 4, 2),
