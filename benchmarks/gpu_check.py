@@ -1,7 +1,8 @@
 """The GPU checks of the rollout and actors issues, as one command: DeepSpeed ZeRO-2 and ZeRO-3 SFT steps of a
 0.5B-shaped model (tokens/s, MFU, peak memory, trainer.offload's cost and what it frees), and the ipc channel (CUDA
 IPC) between a trainer actor and an engine actor sharing one GPU (seconds, GB/s, bit-exact arrival, the largest
-staging bucket and how many tensors were cut to fit it), then the GPU-review rules that need a CUDA runtime (an
+staging bucket and how many tensors were cut to fit it), the same for a hybrid rank (placement.mode=hybrid: the
+engine in the trainer's process, weights by reference), then the GPU-review rules that need a CUDA runtime (an
 actor asking no GPU sees none; the NCCL sync group builds with its timeout).
 
     python benchmarks/gpu_check.py [--size 0.5B] [--dtype bfloat16] [--seq 1024] [--steps 6] [--out DIR]
@@ -153,6 +154,47 @@ def ipc_row(path: str, args) -> dict:
         placement.remove()
 
 
+def _hybrid_param_sum(worker_self) -> float:
+    return _param_sum(worker_self.engine)
+
+
+def hybrid_row(path: str, args) -> dict:
+    """placement.mode=hybrid: the engine inside the trainer rank's process, weights handed over by reference."""
+    import torch
+
+    from actors.group import ActorGroup
+    from actors.hybrid import HybridWorker
+    from common.remote import ray_get
+    from rlhf.placement import Placement
+    from rollout.group import RolloutGroup
+    from rollout.hf_engine import HFEngine
+    from rollout.sync import setup_sync, sync_weights
+    from rollout.weight_sync import plan_buckets
+
+    placement = Placement("hybrid", 1 if torch.cuda.is_available() else 0, {"policy": 1})
+    tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
+    ranks = ActorGroup(HybridWorker, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
+                       dtype=args.dtype, engine_cls=HFEngine, engine_kwargs={"dtype": args.dtype})
+    group = RolloutGroup(ranks.actors, in_trainers=True)
+    try:
+        specs = ranks.weight_specs()
+        setup_sync("local", ranks.actors, group, plan_buckets(specs, args.bucket_mb << 20))
+        sync_weights(ranks.actors, group)
+        seconds = median_time(lambda: sync_weights(ranks.actors, group), 5)
+        ids = torch.randint(0, 100, (args.micro, 32))
+        ranks.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                          "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
+        sync_weights(ranks.actors, group)
+        sent = sum(s.nbytes for s in specs)
+        want = float(sum(t.double().sum().item() for _, t in ranks.export_weights()))
+        got = ray_get([ranks.actors[0].__ray_call__.remote(_hybrid_param_sum)], 600, ["policy trainer 0"])[0]
+        return {"channel": "local (hybrid)", "MiB": sent / 2**20, "sync_s": seconds, "GB_per_s": sent / seconds / 1e9,
+                "engine_weights_equal": got == want}
+    finally:
+        ranks.kill()
+        placement.remove()
+
+
 def _visible_gpus() -> int:
     import torch
     return torch.cuda.device_count()
@@ -221,6 +263,7 @@ def main() -> None:
     vocab = SHAPES[args.size][1] or 100
     train = train_rows(path, args, vocab, {"num_gpus": 1} if gpus else {})
     sync = ipc_row(path, args)
+    hybrid = hybrid_row(path, args)
     rules = rule_rows({"num_gpus": 1} if gpus else {})
     ray.shutdown()
     for r in train:
@@ -231,9 +274,10 @@ def main() -> None:
           f"median of {args.steps - 1} steps:")
     print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
     print_table(list(sync), [list(sync.values())])
+    print_table(list(hybrid), [list(hybrid.values())])
     print_table(["finding", "ok"], [[r["finding"], r["ok"]] for r in rules])
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump({"args": vars(args), "train": train, "sync": sync, "rules": rules, "device": torch.cuda.get_device_name()
+        json.dump({"args": vars(args), "train": train, "sync": sync, "hybrid": hybrid, "rules": rules, "device": torch.cuda.get_device_name()
                    if gpus else "cpu"}, f, indent=1)
 
 
