@@ -113,16 +113,34 @@ def _param_sum(engine_self) -> float:
     return float(sum(p.double().sum().item() for _, p in engine_self.model.named_parameters(remove_duplicate=False)))
 
 
+def time_sync_then_compare(trainers, group, specs, micro: int, engine_actor, engine_sum) -> tuple[int, float, bool]:
+    """Over a channel already set up: payload bytes, the median seconds of 5 syncs, and whether the engine holds
+    exactly the trainer's weights after one more update and sync (`engine_sum` runs in `engine_actor`)."""
+    import torch
+
+    from common.remote import ray_get
+    from rollout.sync import sync_weights
+
+    sync_weights(trainers.actors, group)
+    seconds = median_time(lambda: sync_weights(trainers.actors, group), 5)
+    ids = torch.randint(0, 100, (micro, 32))
+    trainers.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                         "loss_mask": torch.ones(micro, 31, dtype=torch.bool)})
+    sync_weights(trainers.actors, group)
+    want = float(sum(t.double().sum().item() for _, t in trainers.export_weights()))
+    got = ray_get([engine_actor.__ray_call__.remote(engine_sum)], 600, ["the engine's host"])[0]
+    return sum(s.nbytes for s in specs), seconds, got == want
+
+
 def ipc_row(path: str, args) -> dict:
     """Trainer rank and engine colocated on one GPU bundle (Ray fractional GPUs), weights over CUDA IPC."""
     import torch
 
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
-    from common.remote import ray_get
     from rlhf.placement import Placement
     from rollout.group import RolloutGroup
-    from rollout.sync import setup_sync, sync_weights
+    from rollout.sync import setup_sync
     from rollout.hf_engine import HFEngine
     from rollout.weight_sync import bucket_nbytes, plan_buckets
 
@@ -135,19 +153,11 @@ def ipc_row(path: str, args) -> dict:
         specs = trainers.weight_specs()
         plan = plan_buckets(specs, args.bucket_mb << 20)
         setup_sync("ipc", trainers.actors, group, plan)
-        sync_weights(trainers.actors, group)
-        seconds = median_time(lambda: sync_weights(trainers.actors, group), 5)
-        ids = torch.randint(0, 100, (args.micro, 32))  # one update, then the engine must hold exactly its result
-        trainers.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                           "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
-        sync_weights(trainers.actors, group)
-        sent = sum(s.nbytes for s in specs)
-        want = float(sum(t.double().sum().item() for _, t in trainers.export_weights()))
-        got = ray_get([group.engines[0].__ray_call__.remote(_param_sum)], 600, ["rollout engine 0"])[0]
+        sent, seconds, equal = time_sync_then_compare(trainers, group, specs, args.micro, group.engines[0], _param_sum)
         return {"channel": "ipc", "MiB": sent / 2**20, "buckets": len(plan),
                 "max_bucket_MiB": max(bucket_nbytes(b) for b in plan) / 2**20,
                 "cut_tensors": len({s.name for b in plan for s in b if s.part}), "sync_s": seconds,
-                "GB_per_s": sent / seconds / 1e9, "engine_weights_equal": got == want}
+                "GB_per_s": sent / seconds / 1e9, "engine_weights_equal": equal}
     finally:
         group.shutdown()
         trainers.kill()
@@ -164,11 +174,10 @@ def hybrid_row(path: str, args) -> dict:
 
     from actors.group import ActorGroup
     from actors.hybrid import HybridWorker
-    from common.remote import ray_get
     from rlhf.placement import Placement
     from rollout.group import RolloutGroup
     from rollout.hf_engine import HFEngine
-    from rollout.sync import setup_sync, sync_weights
+    from rollout.sync import setup_sync
     from rollout.weight_sync import plan_buckets
 
     placement = Placement("hybrid", 1 if torch.cuda.is_available() else 0, {"policy": 1})
@@ -179,17 +188,10 @@ def hybrid_row(path: str, args) -> dict:
     try:
         specs = ranks.weight_specs()
         setup_sync("local", ranks.actors, group, plan_buckets(specs, args.bucket_mb << 20))
-        sync_weights(ranks.actors, group)
-        seconds = median_time(lambda: sync_weights(ranks.actors, group), 5)
-        ids = torch.randint(0, 100, (args.micro, 32))
-        ranks.train_step({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                          "loss_mask": torch.ones(args.micro, 31, dtype=torch.bool)})
-        sync_weights(ranks.actors, group)
-        sent = sum(s.nbytes for s in specs)
-        want = float(sum(t.double().sum().item() for _, t in ranks.export_weights()))
-        got = ray_get([ranks.actors[0].__ray_call__.remote(_hybrid_param_sum)], 600, ["policy trainer 0"])[0]
+        sent, seconds, equal = time_sync_then_compare(ranks, group, specs, args.micro, ranks.actors[0],
+                                                      _hybrid_param_sum)
         return {"channel": "local (hybrid)", "MiB": sent / 2**20, "sync_s": seconds, "GB_per_s": sent / seconds / 1e9,
-                "engine_weights_equal": got == want}
+                "engine_weights_equal": equal}
     finally:
         ranks.kill()
         placement.remove()
