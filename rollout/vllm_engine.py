@@ -64,8 +64,9 @@ class VLLMEngine:
         # vLLM collects garbage five times while it starts (memory profiling), each a full pass over every object
         # torch, transformers and DeepSpeed made in this process (1.5 s of a 3.7 s start measured in a trainer's
         # process), and an in-process engine core freezes the whole heap once started (EngineCore: freeze_gc_heap).
-        # Freezing it first ends in the same state and makes those passes cover only what vLLM itself creates; with
-        # the engine core in a child process this one is unfrozen again below.
+        # One collection, then a freeze (vLLM's own order: no garbage is frozen), makes the later passes cover only
+        # what vLLM itself creates; with the engine core in a child process this one is unfrozen again below.
+        gc.collect()
         gc.freeze()
         # CUDA graphs on a GPU (decode is launch-bound without them; the in-place reload keeps their buffers);
         # eager on CPU, which has none.
