@@ -24,6 +24,15 @@ def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:
                 os.remove(path)
 
 
+def skip_shm_allreduce_build() -> None:
+    """DeepSpeed's CPU backend compiles a shared-memory all-reduce op (`deepspeed_shm_comm`) when it starts: ~80 s
+    of g++ on each new machine (the first run, the first test). Only DeepSpeed's inference tensor parallelism calls
+    it (`inference_all_reduce`); training reduces through torch.distributed (gloo). Marking it unavailable is the
+    flag DeepSpeed's own `build_shm_op` reads, so the backend starts without it: no method is replaced."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, master_port: Optional[int]) -> None:
     """Join (or create) the default process group through DeepSpeed, which needs the env:// variables even for
     one process (otherwise it looks for mpi4py)."""
@@ -44,4 +53,6 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
                       # and every child would then try to bind the port the parent still holds.
                       MASTER_PORT=str(master_port or free_port()))
     if not torch.distributed.is_initialized():
+        if not torch.cuda.is_available():
+            skip_shm_allreduce_build()
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")

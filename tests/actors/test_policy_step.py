@@ -66,6 +66,21 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
         assert all(hasattr(p, "ds_id") for p in model.parameters()) == (stage == 3), stage
 
 
+def test_deepspeed_on_cpu_starts_without_compiling_its_shared_memory_op():
+    """DeepSpeed's CPU backend would compile `deepspeed_shm_comm` (~80 s of g++ on a new machine) for an all-reduce
+    only its inference tensor parallelism uses; the trainers' process group starts without it and still reduces."""
+    import deepspeed
+    import torch
+
+    from actors.dist import init_deepspeed_distributed
+
+    init_deepspeed_distributed(0, 1, "127.0.0.1", None)
+    assert deepspeed.comm.comm.cdb.shm_comm_op is None
+    x = torch.ones(3)
+    deepspeed.comm.all_reduce(x)
+    assert x.tolist() == [1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("agg", ["seq-mean-token-sum-norm", "seq-mean-token-mean", "token-mean"])
 def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg):
     """The same rows give the same update whether trained as one micro-batch of 16, as four of 4 (each cut to its
