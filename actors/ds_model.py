@@ -12,6 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from actors.dist import init_deepspeed_distributed
+from actors.logits import keep_kwargs, takes_logits_to_keep
 from common.batch import Batch, grouped_rows, length_grouped, map_grouped, split_batch
 from common.options import TrainerConfig
 from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
@@ -143,6 +144,7 @@ class DSModel:
         config = deepspeed_config(tr, dtype, world_size)
         with zero3_loading(config):
             model = build()
+        self.trims_logits = takes_logits_to_keep(model)  # logits only from a micro-batch's first trained token
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = make_optimizer(trainable, tr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
@@ -171,10 +173,12 @@ class DSModel:
 
     def __call__(self, mb: Batch):
         """The model's output on a micro-batch; packed (trainer.packing), its logits come back in the padded
-        layout, so every loss reads them the same way."""
+        layout, so every loss reads them the same way. Padded, a causal LM returns the logits from the micro-batch's
+        first trained position on (actors.logits: the losses align them by their width)."""
         self.resident()
         if not self.packing:
-            return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+            return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                               **keep_kwargs(mb, self.trims_logits))
         ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"])
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))

@@ -11,10 +11,11 @@ from typing import Iterator, Optional
 import torch
 
 from actors.ds_model import DSModel
+from actors.logits import shifted_logits, shifted_logprobs
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
-from algorithms.logprobs import entropy_from_logits, token_logprobs
+from algorithms.logprobs import entropy_from_logits
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
 from common.batch import Batch, scatter_rows, sequence_logprobs
@@ -33,7 +34,7 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 
 def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
-    return token_logprobs(out.logits[:, :-1], mb["input_ids"][:, 1:])
+    return shifted_logprobs(mb, out.logits)
 
 
 class PolicyTrainer:
@@ -66,7 +67,8 @@ class PolicyTrainer:
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask)."""
         def loss_fn(mb: Batch, out, normalizer: float):
-            loss, _ = sft_loss(out.logits[:, :-1], mb["input_ids"][:, 1:], mb["loss_mask"], normalizer=normalizer)
+            logits, targets, s = shifted_logits(mb, out.logits)
+            loss, _ = sft_loss(logits, targets, mb["loss_mask"][:, s:], normalizer=normalizer)
             return loss, {}  # its per-micro-batch NLL would only repeat train/loss
         metrics = self.ds.optimizer_step(batch, loss_fn, "token-mean")
         metrics["train/loss"] = metrics.pop("loss")
@@ -98,7 +100,8 @@ class PolicyTrainer:
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer,
                                                             algo.loss_norm_len)
                 m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
-            m["policy/entropy"] = masked_mean(entropy_from_logits(out.logits[:, :-1].detach()), mb["loss_mask"])
+            logits, _, s = shifted_logits(mb, out.logits.detach())
+            m["policy/entropy"] = masked_mean(entropy_from_logits(logits), mb["loss_mask"][:, s:])
             return loss, m
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.logprobs import token_logprobs
+from actors.logits import keep_kwargs, shifted_logprobs, takes_logits_to_keep
 from common.batch import Batch, map_grouped
 from common.dtypes import DTYPES
 
@@ -18,12 +18,16 @@ class ReferenceModel:
                                                           trust_remote_code=trust_remote_code).to(self.device)
         self.model.eval().requires_grad_(False)
         self.micro_batch_size = micro_batch_size
+        self.trims_logits = takes_logits_to_keep(self.model)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU."""
+        """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU; with a loss_mask, zero before each micro-batch's first
+        trained position (actors.logits)."""
         def run(mb: Batch) -> torch.Tensor:
-            ids = mb["input_ids"].to(self.device)
-            logits = self.model(input_ids=ids, attention_mask=mb["attention_mask"].to(self.device)).logits
-            return token_logprobs(logits[:, :-1], ids[:, 1:]).cpu()
-        return map_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, self.micro_batch_size, run)
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                **keep_kwargs(mb, self.trims_logits)).logits
+            return shifted_logprobs(mb, logits).cpu()
+        keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
+        return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run)

@@ -33,6 +33,13 @@ def pack_masked(seqs: Sequence[Sequence[int]], targets: Sequence[Sequence[bool]]
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss_mask}
 
 
+def first_target(loss_mask: torch.Tensor) -> int:
+    """The first column of loss_mask (B, L-1) that any row trains on (0 when none does): a forward's logits before
+    it are never read."""
+    cols = loss_mask.any(0).nonzero()
+    return int(cols[0]) if len(cols) else 0
+
+
 def even_spans(rows: int, n: int) -> list[tuple[int, int, int]]:
     """`rows` cut into `n` contiguous ranges whose sizes differ by at most one: `(part, lo, hi)` for each non-empty
     part, in order (fewer than `n` when rows < n)."""
