@@ -25,10 +25,11 @@ run: setup
 	$(BIN)/python -m rlhf.run --config examples/sort_grpo.yaml
 
 # Two tests at a time (pytest-xdist, one file per worker): most end-to-end runs keep only one core busy, the
-# trainer and the engine taking turns. TEST_WORKERS=0 runs them one by one.
+# trainer and the engine taking turns. Files go out longest first (tests/conftest.py: LONGEST_FIRST), not by their
+# number of tests (xdist's default). TEST_WORKERS=0 runs them one by one.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 clean:
 	rm -rf runs .cache
