@@ -1,12 +1,15 @@
 """Where the train phase goes: one GRPO update (PolicyTrainer.rl_step, DeepSpeed) against the same update written as
 a bare PyTorch loop (the HF model, torch.optim.AdamW, the same micro-batches and loss), in one process on CPU.
 
-    python benchmarks/train_phase.py [--size 1M | --model DIR] [--rows 256] [--micro 64] [--repeats 7] [--profile 15]
+    python benchmarks/train_phase.py [--size 1M | --model DIR] [--vocab N] [--rows 256] [--micro 64] [--repeats 7]
+                                     [--profile 15]
     OMP_NUM_THREADS=2 python benchmarks/train_phase.py     # two torch threads (default: one, as each trainer rank)
 
 The rows look like one trainer rank's share of vs_trl.py's GRPO step (64 prompts x 8 samples over two ranks):
 16-token prompts, 4-16 sampled tokens. The table gives the median seconds per update of both and their ratio (what
-the framework adds over the arithmetic); `--profile N` prints the N functions with the most own time inside
+the framework adds over the arithmetic), and ours with logits for every position (what it computed before it kept
+only those from the first trained token on: actors.logits); `--vocab N` widens the model's vocabulary to N (a real
+tokenizer's 32k-150k: the LM head's share grows with it); `--profile N` prints the N functions with the most own time inside
 rl_step (cProfile), where the framework's share shows up. A second table puts the update's arithmetic rate
 (6 x parameters x the rows' real tokens, per second: the arithmetic the update cannot avoid) beside what one
 matmul reaches on this core, at the model's own shapes and at 1024^3: how close the update is to the machine's.
@@ -72,6 +75,18 @@ class BareLoop:
         self.opt.zero_grad(set_to_none=True)
 
 
+def with_vocab(model_path: str, vocab: int) -> str:
+    """A copy of the model with its vocabulary resized to `vocab` (new rows random): the LM head of a real tokenizer."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.resize_token_embeddings(vocab, mean_resizing=False)
+    out = os.path.join(tempfile.mkdtemp(prefix="rlhf-vocab-"), f"vocab-{vocab}")
+    model.save_pretrained(out)
+    return out
+
+
 def matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
     """Median GFLOP/s of (m x k) @ (k x n) in fp32 on the current torch threads."""
     import torch
@@ -118,6 +133,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", default="1M", choices=sorted(SIZES))
     p.add_argument("--model", default=None, help="a checkpoint folder instead of --size (e.g. vs_trl's SFT model)")
+    p.add_argument("--vocab", type=int, default=0, help="resize the model's vocabulary to this many tokens")
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--micro", type=int, default=64)
     p.add_argument("--repeats", type=int, default=7)
@@ -131,12 +147,17 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model = args.model or build(args.size)
+    if args.vocab:
+        model = with_vocab(model, args.vocab)
     batch = grpo_rows(args.rows, vocab=300)
-    ours = PolicyTrainer(model, TrainerConfig(lr=5e-4, batch_size=args.rows, micro_batch_size=args.micro,
-                                              warmup_steps=0, grad_clip=1.0, weight_decay=0.0))
+    tr = TrainerConfig(lr=5e-4, batch_size=args.rows, micro_batch_size=args.micro, warmup_steps=0, grad_clip=1.0,
+                       weight_decay=0.0)
+    ours, every = PolicyTrainer(model, tr), PolicyTrainer(model, tr)
+    every.ds.trims_logits = False
     bare = BareLoop(model, 5e-4, args.micro)
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     runs = {"ours (PolicyTrainer.rl_step)": lambda: ours.rl_step(dict(batch), AlgorithmConfig()),
+            "ours, logits for every position": lambda: every.rl_step(dict(batch), AlgorithmConfig()),
             "bare PyTorch loop": lambda: bare.step(batch)}
     times: dict[str, list[float]] = {k: [] for k in runs}
     for fn in runs.values():  # warm-up: first-call allocations and lazy inits
@@ -148,7 +169,8 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["bare PyTorch loop"])
     print(f"{args.rows} rows (16-token prompts, 4-16 sampled tokens), micro-batches of {args.micro}, {args.size} "
-          f"model{' ' + model if args.model else ''}, {torch.get_num_threads()} torch thread(s), median of "
+          f"model{' ' + model if args.model else ''}{f', vocabulary {args.vocab}' if args.vocab else ''}, "
+          f"{torch.get_num_threads()} torch thread(s), median of "
           f"{args.repeats} updates:")
     print_table(["update", "median s", "ratio to bare"],
                 [[name, statistics.median(t), statistics.median(t) / base] for name, t in times.items()])
