@@ -154,10 +154,10 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
                         "rollout.sync_channel=broadcast (or auto), or placement.mode=colocate")
     channel = "broadcast" if off_node else channel
     roles = _trainer_roles(trainers)
-    host, port = ray_get([trainers[0].sync_address.remote()], timeout_s, roles[:1])[0]
-    if channel == "local":  # each rank's engine is in its own process: nothing to connect
-        ray_get([t.open_sender.remote("local", host, port, plan) for t in trainers], timeout_s, roles)
+    if channel == "local":  # each rank's engine is in its own process: nothing to connect, no address to ask for
+        ray_get([t.open_sender.remote("local", "", 0, plan) for t in trainers], timeout_s, roles)
         return channel
+    host, port = ray_get([trainers[0].sync_address.remote()], timeout_s, roles[:1])[0]
     world, plain = len(trainers), plan_to_plain(plan)
     if channel == "broadcast":
         refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines))

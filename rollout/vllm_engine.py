@@ -77,6 +77,7 @@ class VLLMEngine:
             gc.unfreeze()
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
+        self.multiprocess = multiprocess  # the engine core in a child process: tensors cross as bytes
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each
@@ -120,7 +121,7 @@ class VLLMEngine:
         (tensors by reference, one at a time: a ZeRO-3 export is never held whole); across processes the tensors
         are sent as safetensors bytes."""
         named = ((k, v.detach()) for k, v in named_tensors)
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "1":
+        if self.multiprocess:
             from safetensors.torch import save as save_bytes
             named = save_bytes({k: v.contiguous() for k, v in named})
         self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
