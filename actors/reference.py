@@ -22,8 +22,8 @@ class ReferenceModel:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU; with a loss_mask, zero before each micro-batch's first
-        trained position (actors.logits)."""
+        """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU; with a loss_mask, zero where it is false (logits
+        only from each micro-batch's first trained position: actors.logits)."""
         def run(mb: Batch) -> torch.Tensor:
             mb = {k: v.to(self.device) for k, v in mb.items()}
             logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
