@@ -9,8 +9,8 @@ The rows look like one trainer rank's share of vs_trl.py's GRPO step (64 prompts
 16-token prompts, 4-16 sampled tokens. The table gives the median seconds per update of both and their ratio (what
 the framework adds over the arithmetic), and ours with logits for every position (what it computed before it kept
 only those from the first trained token on: actors.logits); `--vocab N` widens the model's vocabulary to N (a real
-tokenizer's 32k-150k: the LM head's share grows with it); `--profile N` prints the N functions with the most own time inside
-rl_step (cProfile), where the framework's share shows up. A second table puts the update's arithmetic rate
+tokenizer's 32k-150k: the LM head's share grows with it); `--profile N` prints the N functions with the most own
+time inside rl_step (cProfile), where the framework's share shows up. A second table puts the update's arithmetic rate
 (6 x parameters x the rows' real tokens, per second: the arithmetic the update cannot avoid) beside what one
 matmul reaches on this core, at the model's own shapes and at 1024^3: how close the update is to the machine's.
 """

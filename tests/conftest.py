@@ -14,7 +14,7 @@ os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # `make test` hands whole files to two pytest-xdist workers in this order (--dist loadfile --no-loadscope-reorder):
-# the longest first (seconds inside one suite run on 2026-12-02), so neither worker is left alone with a long file
+# roughly longest first (seconds inside one suite run on 2026-12-02), so neither worker is left alone with a long file
 # at the end, and the short files fill the gaps. test_stages goes first: its fixture trains the shared SFT run (one
 # core) that most e2e files wait for, while the other worker runs the engine tests, which do not need it.
 LONGEST_FIRST = ["e2e/test_stages.py",  # 190 s
