@@ -37,83 +37,76 @@ def remote_diff(trainer, samples, pad_id) -> float:
     return logprob_diff(ray_get([trainer.compute_logprobs.remote(batch)], 300, ["trainer"])[0], batch)
 
 
-@pytest.mark.slow
-def test_broadcast_sync_keeps_engines_on_the_trainers_weights(ray_local, tiny_model_dir):
-    from actors.policy import PolicyTrainer
+def assert_engines_track(trainers, group, batches, prompts, pad_id: int, total_bytes: int) -> None:
+    """Per batch: train, the engines are stale (the check can fail), sync, the engines agree with the trainers."""
+    for batch in batches:
+        trainers.train_step(batch)
+        stale = samples_to_batch(group.generate(prompts, SAMPLING), pad_id)
+        assert logprob_diff(trainers.compute_logprobs(stale), stale) > 1e-2
+        assert sync_weights(trainers.actors, group) == total_bytes
+        fresh = samples_to_batch(group.generate(prompts, SAMPLING), pad_id)  # half from each engine
+        assert logprob_diff(trainers.compute_logprobs(fresh), fresh) < 1e-3
 
-    tok, prompts, batches = prompts_and_batches(tiny_model_dir)
-    tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=0)
-    trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, tr)
-    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE))
-    try:
-        samples = group.generate(prompts, SAMPLING)
-        assert len(samples) == 16 and [s.prompt_index for s in samples] == [i // 2 for i in range(16)]
-        assert all(s.finish_reason in ("stop", "length") and len(s.rollout_logprobs) == len(s.completion_ids)
-                   for s in samples)
-        assert remote_diff(trainer, samples, tok.pad_token_id) < 1e-3
 
-        # Samples do not depend on how prompts are split across engines.
-        whole = ray_get([group.engines[0].generate.remote(prompts, SAMPLING)], 300, ["engine 0"])[0]
-        assert [s.completion_ids for s in whole] == [s.completion_ids for s in samples]
-        # Text prompts are tokenized by the engine into the same ids, so the samples are the same.
-        texts = [tok.decode(p) for p in prompts]
-        assert [tok(t).input_ids for t in texts] == prompts
-        from_text = group.generate(texts, SAMPLING)
-        assert [(s.prompt_ids, s.completion_ids) for s in from_text] == [(s.prompt_ids, s.completion_ids)
-                                                                         for s in samples]
-        # Without per-prompt seeds (the GPU default) the engine samples from its own RNG: valid, not repeated.
-        unseeded = [group.generate(prompts, replace(SAMPLING, seed=None)) for _ in range(2)]
-        assert all(len(u) == 16 and remote_diff(trainer, u, tok.pad_token_id) < 1e-3 for u in unseeded)
-        assert [s.completion_ids for s in unseeded[0]] != [s.completion_ids for s in unseeded[1]]
-
-        specs = ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0]
-        plan = plan_buckets(specs, bucket_bytes=16 << 10)
-        assert len(plan) > 1  # several buckets, not one message per tensor nor one blob
-        assert any(s.part for b in plan for s in b)  # tensors over 16 KiB go in parts, joined by the engine
-        setup_sync("broadcast", [trainer], group, plan)
-        for batch in batches:
-            ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
-            stale = remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id)
-            assert stale > 1e-2  # the check can fail: engines still hold the old weights
-            sent = sync_weights([trainer], group)
-            assert sent == sum(s.nbytes for s in specs)
-            assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
-    finally:
-        group.shutdown()
-        ray_local.kill(trainer)
+def assert_two_engines_generate(trainers, group, tok, prompts) -> None:
+    """Samples keep the prompts' order, do not depend on how prompts are split across engines, and agree with the
+    trainer's log-probs; text prompts give the same samples; unseeded sampling is valid and not repeated."""
+    samples = group.generate(prompts, SAMPLING)
+    assert len(samples) == 16 and [s.prompt_index for s in samples] == [i // 2 for i in range(16)]
+    assert all(s.finish_reason in ("stop", "length") and len(s.rollout_logprobs) == len(s.completion_ids)
+               for s in samples)
+    def diff(ss) -> float:
+        batch = samples_to_batch(ss, tok.pad_token_id)
+        return logprob_diff(trainers.compute_logprobs(batch), batch)
+    assert diff(samples) < 1e-3
+    whole = ray_get([group.engines[0].generate.remote(prompts, SAMPLING)], 300, ["engine 0"])[0]
+    assert [s.completion_ids for s in whole] == [s.completion_ids for s in samples]
+    texts = [tok.decode(p) for p in prompts]
+    assert [tok(t).input_ids for t in texts] == prompts
+    from_text = group.generate(texts, SAMPLING)
+    assert [(s.prompt_ids, s.completion_ids) for s in from_text] == [(s.prompt_ids, s.completion_ids)
+                                                                     for s in samples]
+    # Without per-prompt seeds (the GPU default) the engine samples from its own RNG: valid, not repeated.
+    unseeded = [group.generate(prompts, replace(SAMPLING, seed=None)) for _ in range(2)]
+    assert all(len(u) == 16 and diff(u) < 1e-3 for u in unseeded)
+    assert [s.completion_ids for s in unseeded[0]] != [s.completion_ids for s in unseeded[1]]
 
 
 @pytest.mark.slow
-def test_ipc_channel_feeds_each_engine_from_its_colocated_rank(ray_local, tiny_model_dir):
-    """Colocated placement on 2 (logical) GPUs: ZeRO-3 trainer rank i feeds engine i through shared memory (CUDA IPC
-    on a GPU). Both ranks gather, both engines track the trained weights, and no shared memory outlives them."""
+def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
+    """Colocated placement on 2 (logical) GPUs, ZeRO-3 trainer ranks and two engines (one set of processes for
+    both channels: each start costs ~10 CPU-seconds). First broadcast from rank 0 (the other rank only takes part
+    in the gathers), in buckets small enough that tensors go in parts; then, formed again as after an engine
+    restart, ipc: rank i feeds engine i through shared memory (CUDA IPC on a GPU). The engines track the trained
+    weights over both, and no shared memory outlives them."""
     import os
     import time
 
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
     from rlhf.placement import Placement
-    from rollout.sync import setup_sync, sync_weights
 
     shm_before = set(os.listdir("/dev/shm"))
-    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)
+    tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=4)
     placement = Placement("colocate", 2, {"policy": 2, "rollout": 2})
     tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
                           model_path=tiny_model_dir, tr=tr)
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
     try:
+        assert_two_engines_generate(trainers, group, tok, prompts)
         specs = trainers.weight_specs()
+        total = sum(s.nbytes for s in specs)
+        plan = plan_buckets(specs, bucket_bytes=16 << 10)
+        assert len(plan) > 1  # several buckets, not one message per tensor nor one blob
+        assert any(s.part for b in plan for s in b)  # tensors over 16 KiB go in parts, joined by the engine
+        assert setup_sync("broadcast", trainers.actors, group, plan) == "broadcast"
+        assert_engines_track(trainers, group, batches[:2], prompts, tok.pad_token_id, total)
+
         plan = plan_buckets(specs, bucket_bytes=256 << 10)
         assert len(plan) > 2  # staging buffers are refilled
-        setup_sync("ipc", trainers.actors, group, plan)
-        for batch in batches:
-            trainers.train_step(batch)
-            stale = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)
-            assert logprob_diff(trainers.compute_logprobs(stale), stale) > 1e-2
-            assert sync_weights(trainers.actors, group) == sum(s.nbytes for s in specs)
-            fresh = samples_to_batch(group.generate(prompts, SAMPLING), tok.pad_token_id)  # half from each engine
-            assert logprob_diff(trainers.compute_logprobs(fresh), fresh) < 1e-3
+        assert setup_sync("ipc", trainers.actors, group, plan) == "ipc"
+        assert_engines_track(trainers, group, batches[2:], prompts, tok.pad_token_id, total)
     finally:
         group.shutdown()
         trainers.kill()
