@@ -6,7 +6,10 @@ a run that stops itself (consecutive NaN/Inf steps) ends with exit code 3 and a 
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import sys
+import threading
 
 from common.errors import TrainingStopped, UserError
 from rlhf.config import RunConfig, load_config, to_yaml
@@ -50,5 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the process with `code` once a run's work is done: wait for its other threads, run the atexit handlers
+    (Ray's shutdown, logging's flush, ...) and flush stdout/stderr, then leave without the interpreter's teardown.
+    That teardown frees every module and object one by one and gains nothing at the end of a process: measured at
+    0.9 s after importing torch and transformers alone, 1.7 s after a GRPO run (benchmarks/startup.py, `exit`)."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
