@@ -8,6 +8,7 @@
     python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
     python benchmarks/vs_trl.py --ours 2x2,2x2s1.5   # s1.5: algorithm.oversample=1.5 (informative groups kept)
     python benchmarks/vs_trl.py --ours 2x2,2x2h      # h: placement.mode=hybrid (each engine in its rank's process)
+    python benchmarks/vs_trl.py --ours 2x2h,2x2hf    # f: rollout.engine=hf (transformers generate, as TRL's)
 
 Both sides start from the same SFT checkpoint (trained once with examples/sort_sft.yaml and cached in
 .cache/vs_trl/), use fp32, the same prompts in the same order, the same reward function, constant LR, no KL, clip
@@ -116,14 +117,18 @@ def inputs(algo: str, model: str, steps: int, seed: int = 0) -> tuple[object, li
 
 
 def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overlap: bool = False,
-             oversample: float = 1.0, hybrid: bool = False, seed: int = 0) -> dict:
-    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}{'h' * hybrid}s{oversample}-"
+             oversample: float = 1.0, hybrid: bool = False, seed: int = 0, hf: bool = False,
+             extra: tuple[str, ...] = ()) -> dict:
+    out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}{'h' * hybrid}{'f' * hf}s{oversample}-"
                               f"{time.strftime('%H%M%S')}")
     path, overrides = recipe(algo, model, out, steps, ranks, engines, oversample, seed)
     if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
         overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
     if hybrid:
         overrides += ["placement.mode=hybrid"]
+    if hf:
+        overrides += ["rollout.engine=hf"]
+    overrides += list(extra)
     code, peak, wall = measure([sys.executable, "-m", "rlhf.run", "--config", path, *overrides], cwd=ROOT,
                                env=run_env())
     assert code == 0, f"our run failed (exit {code}); see {out}"
@@ -133,7 +138,7 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
     name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
-        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + \
+        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + (", HF generate" if hf else "") + \
         (f", oversample {oversample:g})" if oversample != 1 else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases,
@@ -207,13 +212,16 @@ def main() -> None:
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--ours", default="1x1,2x2h",
-                   help="our configurations to run, RANKSxENGINES[o][h][sF] (o: rollout.overlap; h: "
-                        "placement.mode=hybrid; sF: algorithm.oversample=F; grpo; dpo runs 1x1)")
+                   help="our configurations to run, RANKSxENGINES[o][h][f][sF] (o: rollout.overlap; h: "
+                        "placement.mode=hybrid; f: rollout.engine=hf; sF: algorithm.oversample=F; grpo; dpo "
+                        "runs 1x1)")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads for TRL: the cores our --equal configuration's processes share")
     p.add_argument("--equal", default=None, help="which of --ours has TRL's cores (default: the last one)")
     p.add_argument("--seed", type=int, default=0, help="both sides' seed: sampling, the prompts' order, the eval "
                                                         "set (one run's eval gain is noisy: compare several)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more overrides for every one of our runs, e.g. rollout.seed_per_prompt=true")
     a = p.parse_args()
 
     os.environ.update(ONE_THREAD)
@@ -224,11 +232,13 @@ def main() -> None:
     configs = ["1x1"] if a.algo == "dpo" else a.ours.split(",")
     equal = a.equal or configs[-1]
     for config in sorted(configs, key=lambda c: c == equal):  # the equal-cores one last
-        m = re.fullmatch(r"(\d+)x(\d+)(o?)(h?)(?:s([\d.]+))?", config)
+        m = re.fullmatch(r"(\d+)x(\d+)(o?)(h?)(f?)(?:s([\d.]+))?", config)
         if m is None:
-            p.error(f"--ours {config!r}: write RANKSxENGINES, optionally followed by o, h and/or sF (e.g. 2x2hs1.5)")
+            p.error(f"--ours {config!r}: write RANKSxENGINES, optionally followed by o, h, f and/or sF "
+                    "(e.g. 2x2hs1.5)")
         results.append(run_ours(a.algo, model, a.steps, int(m[1]), int(m[2]), overlap=m[3] == "o",
-                                hybrid=m[4] == "h", oversample=float(m[5] or 1), seed=a.seed))
+                                hybrid=m[4] == "h", oversample=float(m[6] or 1), seed=a.seed, hf=m[5] == "f",
+                                extra=tuple(a.set)))
         results[-1]["equal"] = config == equal
     for r in results:
         r["em"] = exact_match(cfg, r["model"])
