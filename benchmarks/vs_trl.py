@@ -138,8 +138,8 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
     name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
-        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + (", HF generate" if hf else "") + \
-        (f", oversample {oversample:g})" if oversample != 1 else ")")
+        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + \
+        (", HF generate" if hf else "") + (f", oversample {oversample:g})" if oversample != 1 else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases,
                 evals=sum(r.get("time/eval", 0.0) for r in (first, *rows)))  # before and after training
