@@ -35,6 +35,18 @@ def sampled_logprobs(flat) -> list[float]:
     return [flat.logprobs[i] for i in flat.start_indices]
 
 
+def mapped_shm(pids: list[int]) -> set[str]:
+    """The /dev/shm files that processes `pids` map and that still have a name."""
+    import psutil
+    paths = set()
+    for pid in pids:
+        try:
+            paths |= {m.path for m in psutil.Process(pid).memory_maps() if m.path.startswith("/dev/shm/")}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return {p for p in paths if os.path.exists(p)}
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
@@ -177,5 +189,9 @@ class VLLMEngine:
         0.01 s."""
         if getattr(self, "llm", None) is not None and self.multiprocess:
             llm, self.llm = self.llm, None
+            segments = mapped_shm(self.process_ids()[1:])
             llm.llm_engine.engine_core.shutdown()
+            for path in segments:  # a core stopped before its executor unlinked its message queue (160 MiB, seen once)
+                if os.path.exists(path):
+                    os.unlink(path)
         # in-process: keep self.llm; dropping the last reference would run the same shutdown from vLLM's __del__
