@@ -53,7 +53,7 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
                       # Never an inherited MASTER_PORT: a parent that trained in-process exports its own port,
                       # and every child would then try to bind the port the parent still holds.
                       MASTER_PORT=str(master_port or free_port()))
+    if not torch.cuda.is_available():  # also when a process group exists already (an in-process vLLM engine's):
+        skip_shm_allreduce_build()     # DeepSpeed still builds the op when it first wraps that group
     if not torch.distributed.is_initialized():
-        if not torch.cuda.is_available():
-            skip_shm_allreduce_build()
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")

@@ -86,6 +86,9 @@ class PlacementConfig:
     # copies of the reference model, each scoring a share of the rows; null = one beside every trainer rank when
     # colocated on GPUs (no extra GPU), else 1 (under split each copy takes a whole GPU)
     reference_ranks: Optional[int] = None
+    # torch threads of each worker process; null = $OMP_NUM_THREADS where set, else this host's cores shared by the
+    # workers that compute at the same time (the trainer ranks, or the engines: the phases take turns)
+    cpu_threads: Optional[int] = None
 
 
 @dataclass
@@ -241,6 +244,8 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
         bad("trainer.warmup_steps/weight_decay/max_bad_steps", (tr.warmup_steps, tr.weight_decay, tr.max_bad_steps),
             "must be >= 0")
     positive("trainer.world_size", tr.world_size)
+    if cfg.placement.cpu_threads is not None:
+        positive("placement.cpu_threads", cfg.placement.cpu_threads)
     if tr.max_tokens_per_micro_batch is not None:
         positive("trainer.max_tokens_per_micro_batch", tr.max_tokens_per_micro_batch)
     if tr.packing and cfg.stage == "rm":

@@ -5,6 +5,7 @@
 GPUs, so the same logic runs (and is tested) without CUDA."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from common.errors import UserError
@@ -36,12 +37,26 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[lis
     raise UserError(f"placement.mode = {mode!r}: must be colocate, hybrid or split")
 
 
+def cpu_threads(requested: Optional[int], busy_at_once: int, cores: Optional[int] = None) -> int:
+    """Torch threads per worker process: `placement.cpu_threads`, else $OMP_NUM_THREADS when the user set it, else
+    the host's cores over the workers that compute at once. The phases take turns (every trainer rank trains, then
+    every engine generates), so one rank and one engine each get all the cores while the other waits; threads beyond
+    the cores only contend."""
+    if requested is not None:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (cores or os.cpu_count() or 1) // max(1, busy_at_once))
+
+
 class Placement:
     """Ray options for every rank of every role, backed by one placement group (or none on CPU-only runs)."""
 
-    def __init__(self, mode: str, num_gpus: int, ranks: dict[str, int], timeout_s: float = 120.0):
+    def __init__(self, mode: str, num_gpus: int, ranks: dict[str, int], timeout_s: float = 120.0,
+                 threads: int = 1):
         self.pg = None
-        self.options: dict[str, list[dict]] = {role: [{} for _ in range(n)] for role, n in ranks.items()}
+        env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+        self.options: dict[str, list[dict]] = {role: [dict(env) for _ in range(n)] for role, n in ranks.items()}
         if num_gpus == 0:
             return
         import ray
@@ -59,7 +74,7 @@ class Placement:
                             "number of ranks/engines") from None
         for role, slots in assignment.items():
             self.options[role] = [{
-                "num_gpus": frac, "num_cpus": 0.25,
+                **env, "num_gpus": frac, "num_cpus": 0.25,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=b),
             } for b, frac in slots]
 

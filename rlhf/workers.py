@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from rlhf.config import RunConfig
-from rlhf.placement import Placement, multiprocess_engine, reference_ranks
+from rlhf.placement import Placement, cpu_threads, multiprocess_engine, reference_ranks
 from rlhf.tiny import ensure_model
 
 
@@ -39,6 +39,16 @@ def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
     return ranks
 
 
+def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
+    """The most worker processes that compute at the same time: the trainers (policy and critic ranks) in the
+    update, the engines in the rollout, the scorers in between; trainers and engines together under
+    rollout.overlap."""
+    train, engines = ranks["policy"] + ranks.get("critic", 0), ranks.get("rollout", 0)
+    if cfg.rollout.overlap:
+        return train + engines
+    return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0))
+
+
 def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tuple[type, dict]:
     """The engine class and its arguments (besides the model)."""
     r = cfg.rollout
@@ -68,7 +78,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     from rollout.group import RolloutGroup
 
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
-    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks)
+    threads = cpu_threads(cfg.placement.cpu_threads, busy_at_once(cfg, ranks))
+    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=threads)
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)

@@ -110,3 +110,23 @@ def test_reference_copies_sit_beside_each_trainer_rank(ray_local):
 def test_per_prompt_seeds_by_default_on_cpu_only():
     assert seed_per_prompt(None, 0) and not seed_per_prompt(None, 8)
     assert seed_per_prompt(True, 8) and not seed_per_prompt(False, 0)
+
+
+def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch):
+    from rlhf.config import RunConfig
+    from rlhf.placement import cpu_threads
+    from rlhf.workers import busy_at_once
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cfg = RunConfig()
+    assert busy_at_once(cfg, {"policy": 1, "rollout": 1}) == 1  # the phases take turns
+    assert busy_at_once(cfg, {"policy": 2, "rollout": 1, "critic": 2}) == 4
+    cfg.rollout.overlap = True
+    assert busy_at_once(cfg, {"policy": 2, "rollout": 2}) == 4
+    assert cpu_threads(None, 1, cores=2) == 2 and cpu_threads(None, 2, cores=2) == 1
+    assert cpu_threads(None, 4, cores=2) == 1 and cpu_threads(3, 4, cores=2) == 3  # the config wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's setting wins over the default (tests run two at a time)
+    assert cpu_threads(None, 1, cores=16) == 1
+    assert Placement("colocate", 0, {"policy": 1})
+    assert Placement("colocate", 0, {"policy": 1, "rollout": 1}, threads=2).options["rollout"][0]["env_vars"] == \
+        {"OMP_NUM_THREADS": "2"}
