@@ -9,7 +9,7 @@ import inspect
 
 import torch
 
-from algorithms.logprobs import token_logprobs
+from algorithms.logprobs import logprobs_and_entropy
 from common.batch import Batch, first_target
 
 
@@ -37,6 +37,21 @@ def shifted_logits(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 def shifted_logprobs(mb: Batch, logits: torch.Tensor) -> torch.Tensor:
     """Log-probs of input_ids[:, 1:], (B, W-1) fp32. With a loss_mask, zero wherever it is false, as the engine's
     rollout_logprobs are: the same numbers however rows were grouped into micro-batches (and so trimmed)."""
+    return shifted_logprobs_entropy(mb, logits)[0]
+
+
+def shifted_logprobs_entropy(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies), each (B, W-1) fp32, zero outside loss_mask (entropies detached). With a loss_mask
+    only its positions are computed: the rest of the window (padding after short completions, prompt tokens after
+    the first trained position) would be upcast, normalised and then thrown away."""
     logits, targets, s = shifted_logits(mb, logits)
-    logp = torch.nn.functional.pad(token_logprobs(logits, targets), (s, 0))
-    return logp.masked_fill(~mb["loss_mask"], 0.0) if "loss_mask" in mb else logp
+    if "loss_mask" not in mb:
+        logp, ent = logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        pad = (s, 0)
+        return (torch.nn.functional.pad(logp.view(targets.shape), pad),
+                torch.nn.functional.pad(ent.view(targets.shape), pad))
+    mask = mb["loss_mask"]
+    window = mask[:, s:]
+    logp, ent = logprobs_and_entropy(logits[window], targets[window])
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)  # mask[:, :s] is all false
+    return zeros.masked_scatter(mask, logp), zeros.masked_scatter(mask, ent)

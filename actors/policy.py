@@ -11,11 +11,10 @@ from typing import Iterator, Optional
 import torch
 
 from actors.ds_model import DSModel
-from actors.logits import shifted_logits, shifted_logprobs
+from actors.logits import shifted_logits, shifted_logprobs, shifted_logprobs_entropy
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
-from algorithms.logprobs import entropy_from_logits
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
 from common.batch import Batch, scatter_rows, sequence_logprobs
@@ -88,7 +87,7 @@ class PolicyTrainer:
         kept: list[torch.Tensor] = []
 
         def loss_fn(mb: Batch, out, normalizer: float):
-            logp = _shifted_logprobs(mb, out)
+            logp, entropy = shifted_logprobs_entropy(mb, out.logits)
             old = logp.detach() if fused else mb["old_logprobs"]
             if fused:
                 kept.append((mb["row"].cpu(), old.cpu()))
@@ -100,8 +99,7 @@ class PolicyTrainer:
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer,
                                                             algo.loss_norm_len)
                 m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
-            logits, _, s = shifted_logits(mb, out.logits.detach())
-            m["policy/entropy"] = masked_mean(entropy_from_logits(logits), mb["loss_mask"][:, s:])
+            m["policy/entropy"] = masked_mean(entropy, mb["loss_mask"])
             return loss, m
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)

@@ -32,3 +32,18 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(rows, dim=-1)
         out[start:start + _CHUNK_ROWS] = torch.logsumexp(rows, dim=-1) - (probs * rows).sum(-1)
     return out.view(logits.shape[:-1])
+
+
+def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and `entropy_from_logits` from one pass over the logits: logits (N, V), labels (N,) ->
+    (N,) fp32 log-probs (differentiable) and (N,) fp32 entropies (detached, a metric). Each row chunk is upcast and
+    its logsumexp computed once for both; with a 49k-150k vocabulary these passes cost as much as a layer."""
+    logp = torch.empty(labels.shape, dtype=torch.float32, device=logits.device)
+    ent = torch.empty(labels.shape, dtype=torch.float32, device=logits.device)
+    for start in range(0, logits.shape[0], _CHUNK_ROWS):
+        rows = logits[start:start + _CHUNK_ROWS].float()
+        lse = torch.logsumexp(rows, dim=-1)
+        logp[start:start + _CHUNK_ROWS] = rows.gather(-1, labels[start:start + _CHUNK_ROWS, None]).squeeze(-1) - lse
+        with torch.no_grad():
+            ent[start:start + _CHUNK_ROWS] = lse - (torch.exp(rows - lse[:, None]) * rows).sum(-1)
+    return logp, ent

@@ -8,7 +8,7 @@ import torch
 
 from algorithms.common import aggregate_loss, masked_mean, masked_var, masked_whiten
 from algorithms.kl import kl_estimate
-from algorithms.logprobs import entropy_from_logits, token_logprobs
+from algorithms.logprobs import entropy_from_logits, logprobs_and_entropy, token_logprobs
 from tests.conftest import ROOT
 
 
@@ -125,3 +125,15 @@ def test_config_accepts_exactly_the_kl_estimators():
     from algorithms.kl import KL_ESTIMATORS
     from rlhf.config import KL_ESTIMATORS as accepted
     assert accepted == KL_ESTIMATORS
+
+
+def test_logprobs_and_entropy_in_one_pass_equal_the_two_functions():
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2500, 300, generator=g) * 3).requires_grad_()  # more rows than one chunk
+    labels = torch.randint(0, 300, (2500,), generator=g)
+    logp, ent = logprobs_and_entropy(logits, labels)
+    assert torch.allclose(logp, token_logprobs(logits, labels), atol=1e-5)
+    assert torch.allclose(ent, entropy_from_logits(logits), atol=1e-4) and not ent.requires_grad
+    (grad,) = torch.autograd.grad(logp.sum(), logits)
+    (expected,) = torch.autograd.grad(token_logprobs(logits, labels).sum(), logits)
+    assert torch.allclose(grad, expected, atol=1e-6)
