@@ -48,10 +48,10 @@ class BareLoop:
     """The same update with nothing but PyTorch: forward, the clipped loss over the global token count, backward per
     micro-batch of `micro` rows (in row order), one AdamW step, gradient clipping."""
 
-    def __init__(self, model_path: str, lr: float, micro: int):
+    def __init__(self, model_path: str, lr: float, micro: int, dtype=None):
         import torch
         from transformers import AutoModelForCausalLM
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype or torch.float32)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.micro = micro
 

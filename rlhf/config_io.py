@@ -12,6 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from common.errors import UserError
+from common.net import cache_root
+
+# `${rlhf_cache:}` in a recipe: the project's cache folder (where `python -m rlhf.smollm2` puts the real model)
+OmegaConf.register_resolver("rlhf_cache", cache_root, replace=True)
 
 
 def load_yaml(path: str, schema: type) -> DictConfig:

@@ -11,7 +11,7 @@ from rlhf.metrics import read_metrics
 
 PANELS = [
     ("reward", ["rollout/reward_mean", "rollout/task_reward_mean", "eval/reward_mean"], "linear"),
-    ("evaluation", ["eval/exact_match", "eval/pair_accuracy"], "linear"),
+    ("evaluation", ["eval/accuracy", "eval/exact_match", "eval/pass@1", "eval/pass@4", "eval/pair_accuracy"], "linear"),
     ("KL", ["rollout/kl", "policy/kl", "policy/approx_kl"], "linear"),
     ("losses", ["train/loss", "policy/loss", "critic/loss"], "linear"),
     ("rollout/logprob_diff (engine vs trainer)", ["rollout/logprob_diff"], "log"),

@@ -18,6 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # at the end, and the short files fill the gaps. test_stages goes first: its fixture trains the shared SFT run (one
 # core) that most e2e files wait for, while the other worker runs the engine tests, which do not need it.
 LONGEST_FIRST = ["e2e/test_stages.py",  # 190 s
+                 "e2e/test_real_model.py",  # the real model: its conversion and a 2-step GRPO
                  "rollout/test_vllm_engine.py",  # 174 (before its broadcast and ipc tests shared engines)
                  "e2e/test_real_workloads.py",  # 139
                  "e2e/test_resume.py",  # 150

@@ -1,5 +1,6 @@
 """Every shipped recipe loads and validates."""
 import glob
+import json
 import os
 
 import pytest
@@ -56,3 +57,26 @@ def test_chat_math_data_is_what_its_script_writes(tmp_path):
     for name in ("chat_math_sft.jsonl", "chat_math_rl.jsonl", "chat_math_eval.jsonl"):
         with open(os.path.join(ROOT, "examples", "data", name), "rb") as f:
             assert (tmp_path / name).read_bytes() == f.read(), name
+
+
+def test_word_math_data_is_what_its_script_writes(tmp_path):
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "data", "make_word_math.py"), "--out-dir",
+                    str(tmp_path)], check=True)
+    for name in ("word_math_rl.jsonl", "word_math_eval.jsonl"):
+        with open(os.path.join(ROOT, "examples", "data", name), "rb") as f:
+            assert (tmp_path / name).read_bytes() == f.read(), name
+    prompts = {json.loads(line)["prompt"][0]["content"] for line in open(tmp_path / "word_math_rl.jsonl")}
+    assert not prompts & {json.loads(line)["prompt"][0]["content"] for line in open(tmp_path / "word_math_eval.jsonl")}
+
+
+def test_the_real_model_recipe_names_the_cache_and_says_how_to_fill_it(tmp_path, monkeypatch):
+    from common.errors import UserError
+    from rlhf.tiny import ensure_model
+
+    monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path))
+    cfg = load_config(os.path.join(ROOT, "examples", "smollm2_math_grpo.yaml"))
+    assert cfg.model.path == str(tmp_path / "models" / "SmolLM2-135M-Instruct")
+    with pytest.raises(UserError, match="python -m rlhf.smollm2"):
+        ensure_model(cfg.model.path, cfg.model.tiny, str(tmp_path / "run"), 0)

@@ -1,0 +1,143 @@
+"""The real model's four costs in one process, each against what the machine or plain vLLM does with the same work:
+SmolLM2-135M-Instruct (python -m rlhf.smollm2) on the word problems of examples/smollm2_math_grpo.yaml.
+
+    python benchmarks/real_model.py [--dtype bfloat16] [--threads 2] [--prompts 16] [--n 4] [--repeats 3]
+
+train:    PolicyTrainer.rl_step (DeepSpeed) on one GRPO batch of real rollouts, against a bare PyTorch loop (the HF
+          model, AdamW, the same micro-batches and loss) and against the machine's bf16/fp32 matmul rate: MFU counts
+          6 x parameters x the rows' real tokens per second.
+rollout:  VLLMEngine.generate (per-prompt seeds, log-probs, token ids) against the same engine's `vllm.LLM.generate`
+          with plain sampling parameters, the same prompts: generated tokens/s.
+sync:     VLLMEngine.update_weights of every trainer tensor (a hybrid rank's local channel: vLLM's reload, then the
+          prefix-cache reset) against a plain copy of the same bytes: GB/s.
+eval:     rlhf.evaluate.evaluate, greedy, on the 128 held-out prompts (the recipe's eval without its pass@k).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.helpers import median_time, print_table  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def matmul_rate(dtype, n: int = 2048) -> float:
+    import torch
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n ** 3 / median_time(lambda: a @ b, 10) / 1e9
+
+
+def rollout_batch(samples, group: int):
+    """The trainer's rows from real samples: prompt + completion, GRPO advantages from random 0/1 rewards."""
+    import torch
+
+    from common.batch import pack_sequences
+    batch = pack_sequences([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id=2)
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (len(samples) // group, group), generator=g).float()
+    adv = (rewards - rewards.mean(1, keepdim=True)).view(-1, 1)
+    batch["advantages"] = adv * batch["loss_mask"]
+    return batch
+
+
+def bench_rollout(engine, ids: list[list[int]], sampling, repeats: int) -> tuple[list, list]:
+    from vllm import SamplingParams
+    plain = SamplingParams(n=sampling.n, temperature=sampling.temperature, max_tokens=sampling.max_new_tokens,
+                           stop_token_ids=list(sampling.stop_token_ids))
+    inputs = [{"prompt_token_ids": list(p)} for p in ids]
+    samples = engine.generate(ids, sampling)
+    ours = median_time(lambda: engine.generate(ids, sampling), repeats)
+    raw_out = engine.llm.generate(inputs, plain, use_tqdm=False)
+    raw = median_time(lambda: engine.llm.generate(inputs, plain, use_tqdm=False), repeats)
+    ours_tokens = sum(len(s.completion_ids) for s in samples)
+    raw_tokens = sum(len(c.token_ids) for o in raw_out for c in o.outputs)
+    ratio = (ours_tokens / ours) / (raw_tokens / raw)
+    return samples, [["VLLMEngine.generate", ours, ours_tokens / ours, ratio],
+                     ["vllm.LLM.generate, plain params", raw, raw_tokens / raw, ""]]
+
+
+def bench_sync(engine, trainer, repeats: int) -> list:
+    import torch
+    tensors = list(trainer.ds.module.named_parameters(remove_duplicate=False))
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+    targets = [torch.empty_like(t) for _, t in tensors]
+
+    def copy():
+        for (_, t), out in zip(tensors, targets):
+            out.copy_(t.detach())
+    sync = median_time(lambda: engine.update_weights(tensors), repeats)
+    plain = median_time(copy, repeats)
+    return [["update_weights (reload + prefix reset)", sync, nbytes / sync / 1e9, plain / sync],
+            ["plain copy of the same bytes", plain, nbytes / plain / 1e9, ""]]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--n", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    from actors.policy import PolicyTrainer
+    from benchmarks.train_phase import BareLoop
+    from common.dtypes import DTYPES
+    from common.options import AlgorithmConfig, TrainerConfig
+    from rlhf import smollm2
+    from rlhf.config import EvalConfig
+    from rlhf.evaluate import evaluate
+    from rollout.engine import SamplingConfig
+    from rollout.render import PromptRenderer
+    from rollout.rewards import math_reward
+    from rollout.vllm_engine import VLLMEngine
+
+    torch.set_num_threads(args.threads)
+    path, dtype = smollm2.provision(), DTYPES[args.dtype]
+    rows = [json.loads(line) for line in open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl"))]
+    evals = [{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows]
+    renderer = PromptRenderer.from_pretrained(path)
+    engine = VLLMEngine(path, dtype=args.dtype, max_model_len=256, kv_cache_mb=256)
+    sampling = SamplingConfig(max_new_tokens=64, temperature=0.6, n=args.n, seed=0,
+                              stop_token_ids=renderer.stop_ids([r["prompt"] for r in evals]))
+    prompts = [renderer.prompt_ids(r["prompt"]) for r in evals[:args.prompts]]
+    samples, rollout_rows = bench_rollout(engine, prompts, sampling, args.repeats)
+    eval_s = median_time(lambda: evaluate(engine, renderer, evals, math_reward, EvalConfig(max_new_tokens=64)), 1)
+
+    batch = rollout_batch(samples, args.n)
+    rows_n = len(samples)
+    tr = TrainerConfig(lr=1e-6, batch_size=rows_n, micro_batch_size=16, warmup_steps=0, grad_clip=1.0)
+    trainer = PolicyTrainer(path, tr, dtype=args.dtype)
+    bare = BareLoop(path, 1e-6, 16, dtype=dtype)
+    torch.set_num_threads(args.threads)
+    ours_fn, bare_fn = (lambda: trainer.rl_step(dict(batch), AlgorithmConfig())), (lambda: bare.step(batch))
+    ours_fn(), bare_fn()  # warm-up
+    ours, plain = median_time(ours_fn, args.repeats), median_time(bare_fn, args.repeats)
+    tokens, trained = int(batch["attention_mask"].sum()), int(batch["loss_mask"].sum())
+    flops = 6 * sum(t.numel() for t in trainer.ds.module.parameters()) * tokens
+    peak = matmul_rate(dtype)
+    sync_rows = bench_sync(engine, trainer, args.repeats)
+
+    print(f"SmolLM2-135M-Instruct, {args.dtype}, {torch.get_num_threads()} threads, {args.prompts} prompts x {args.n} "
+          f"samples (<= 64 new tokens, temperature 0.6), median of {args.repeats}; 2048^2 {args.dtype} matmul "
+          f"{peak:.0f} GFLOP/s")
+    print(f"\ntrain: {rows_n} rows, {tokens} tokens ({trained} trained), micro-batches of 16")
+    print_table(["update", "s", "tokens/s", "trained tokens/s", "GFLOP/s", "MFU", "ratio to bare"],
+                [[name, s, tokens / s, trained / s, flops / s / 1e9, flops / s / 1e9 / peak, s / plain]
+                 for name, s in (("PolicyTrainer.rl_step", ours), ("bare PyTorch loop", plain))])
+    print("\nrollout (generated tokens):")
+    print_table(["generate", "s", "tokens/s", "ours / plain"], rollout_rows)
+    print("\nsync:")
+    print_table(["what", "s", "GB/s", "of copy"], sync_rows)
+    print(f"\neval: {len(evals)} prompts greedy, <= 64 new tokens: {eval_s:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

