@@ -46,7 +46,9 @@ def cpu_threads(requested: Optional[int], busy_at_once: int, cores: Optional[int
         return requested
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    return max(1, (cores or os.cpu_count() or 1) // max(1, busy_at_once))
+    if cores is None:  # the cores this process may use (a cpuset), not the host's
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, busy_at_once))
 
 
 class Placement:
