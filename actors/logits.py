@@ -9,7 +9,7 @@ import inspect
 
 import torch
 
-from algorithms.logprobs import logprobs_and_entropy
+from algorithms.logprobs import logprobs_and_entropy, token_logprobs
 from common.batch import Batch, first_target
 
 
@@ -37,21 +37,24 @@ def shifted_logits(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch
 def shifted_logprobs(mb: Batch, logits: torch.Tensor) -> torch.Tensor:
     """Log-probs of input_ids[:, 1:], (B, W-1) fp32. With a loss_mask, zero wherever it is false, as the engine's
     rollout_logprobs are: the same numbers however rows were grouped into micro-batches (and so trimmed)."""
-    return shifted_logprobs_entropy(mb, logits)[0]
+    return _at_trained_positions(mb, logits, entropy=False)[0]
 
 
 def shifted_logprobs_entropy(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, entropies), each (B, W-1) fp32, zero outside loss_mask (entropies detached). With a loss_mask
-    only its positions are computed: the rest of the window (padding after short completions, prompt tokens after
-    the first trained position) would be upcast, normalised and then thrown away."""
+    """(log-probs, entropies), each (B, W-1) fp32, zero outside loss_mask (entropies detached), from one pass."""
+    return _at_trained_positions(mb, logits, entropy=True)
+
+
+def _at_trained_positions(mb: Batch, logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, ...]:
+    """With a loss_mask only its positions are computed: the rest of the window (padding after short completions,
+    prompt tokens after the first trained position) would be upcast, normalised and then thrown away. The entropy
+    pass is skipped where nobody reads it (reference and old log-probs)."""
     logits, targets, s = shifted_logits(mb, logits)
-    if "loss_mask" not in mb:
-        logp, ent = logprobs_and_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        pad = (s, 0)
-        return (torch.nn.functional.pad(logp.view(targets.shape), pad),
-                torch.nn.functional.pad(ent.view(targets.shape), pad))
-    mask = mb["loss_mask"]
-    window = mask[:, s:]
-    logp, ent = logprobs_and_entropy(logits[window], targets[window])
-    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=logits.device)  # mask[:, :s] is all false
-    return zeros.masked_scatter(mask, logp), zeros.masked_scatter(mask, ent)
+    mask = mb.get("loss_mask")
+    window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
+    flat_logits, flat_targets = logits[window], targets[window]
+    out = (logprobs_and_entropy(flat_logits, flat_targets) if entropy
+           else (token_logprobs(flat_logits, flat_targets),))
+    full = torch.nn.functional.pad(window, (s, 0))  # mask[:, :s] is all false
+    zeros = torch.zeros(full.shape, dtype=torch.float32, device=logits.device)
+    return tuple(zeros.masked_scatter(full, t) for t in out)
