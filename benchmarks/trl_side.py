@@ -2,6 +2,7 @@
 vs_trl.py with the repo on PYTHONPATH only so that the identical reward function (rollout.rewards) is used.
 
     python benchmarks/trl_side.py grpo|dpo --model DIR --data FILE.jsonl --out DIR --steps N [--lr 5e-4]
+    python benchmarks/trl_side.py grpo --reward math --bf16 --temperature 0.6 ...   # chat prompts (vs_trl_real.py)
 
 Writes `<out>/steps.jsonl` (one row per optimizer step: wall seconds, TRL's logged metrics) and the trained model
 in `<out>/final`.
@@ -53,10 +54,11 @@ def timing_callback(path: str):
 
 
 def common_args(a) -> dict:
-    """Settings both trainers share: fp32 on CPU, constant LR, no warm-up, clip 1.0, no saving or reporting."""
+    """Settings both trainers share: on CPU, constant LR, no warm-up, clip 1.0, no saving or reporting. `--bf16`
+    is TRL's mixed precision (fp32 weights, bf16 autocast), what our DeepSpeed bf16 does too."""
     return dict(output_dir=a.out, learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0,
                 weight_decay=0.0, max_grad_norm=1.0, max_steps=a.steps, logging_steps=1, save_strategy="no",
-                report_to="none", use_cpu=True, bf16=False, fp16=False, seed=a.seed, dataloader_num_workers=0,
+                report_to="none", use_cpu=True, bf16=a.bf16, fp16=False, seed=a.seed, dataloader_num_workers=0,
                 disable_dropout=True)
 
 
@@ -64,14 +66,20 @@ def run_grpo(a, model, tok, rows: list[dict]):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollout.rewards import sort_reward
+    from rollout.rewards import math_reward, sort_reward
+
+    scorer = math_reward if a.reward == "math" else sort_reward
 
     def reward(prompts, completions, answer, **_):
-        return sort_reward(prompts, completions, answer=answer)
+        # chat prompts come back as messages: the reply is the last message's text, what our renderer decodes
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return scorer(prompts, texts, answer=answer)
 
+    # one generation batch of prompts x samples completions, trained in `samples` micro-batches of `prompts` rows
     cfg = GRPOConfig(**common_args(a), per_device_train_batch_size=a.prompts, gradient_accumulation_steps=a.samples,
-                     num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=1.0, top_p=1.0,
-                     top_k=0, beta=0.0, epsilon=0.2, num_iterations=1, loss_type="grpo", scale_rewards="group",
+                     num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=a.temperature,
+                     top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=a.epsilon_high, num_iterations=1,
+                     loss_type=a.loss_type, scale_rewards="group",
                      shuffle_dataset=False)  # rows come in the order our controller draws them
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
     return GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok)
@@ -107,6 +115,11 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=64, help="prompts (grpo) or pairs (dpo) per step")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--epsilon-high", type=float, default=0.2, help="upper clip (our algorithm.clip_high)")
+    p.add_argument("--loss-type", default="grpo", help="TRL's loss_type (dapo = our token-mean over the batch)")
+    p.add_argument("--reward", choices=["sort", "math"], default="sort")
+    p.add_argument("--bf16", action="store_true", help="TRL's bf16 mixed precision")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the cores TRL may use)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -116,7 +129,8 @@ def main() -> None:
     rows = [json.loads(line) for line in open(a.data, encoding="utf-8")]
     tok = AutoTokenizer.from_pretrained(a.model)
     probe = rows[0]["prompt"]
-    assert tok(probe).input_ids == tok(probe, add_special_tokens=False).input_ids, "prompt tokenization differs"
+    plain = not isinstance(probe, str) or tok(probe).input_ids == tok(probe, add_special_tokens=False).input_ids
+    assert plain, "prompt tokenization differs"  # chat prompts go through the template, as ours do
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     os.makedirs(a.out, exist_ok=True)
     trainer = (run_grpo if a.algo == "grpo" else run_dpo)(a, model, tok, rows)

@@ -42,7 +42,8 @@ from benchmarks.helpers import n_params, print_table  # noqa: E402
 from benchmarks.peak_memory import measure  # noqa: E402
 
 TRL_PINS = ["trl==1.13.0", "transformers==5.19.0", "accelerate==1.15.0", "torch==2.13.0", "datasets==5.2.0",
-            "tokenizers==0.23.3", "requests==2.34.2"]  # trl imports requests without requiring it
+            "tokenizers==0.23.3", "requests==2.34.2",  # trl imports requests without requiring it
+            "math-verify==0.9.0"]  # the math reward (vs_trl_real.py), the same pin as the project's
 CACHE = os.path.join(ROOT, ".cache", "vs_trl")
 TRL_VENV = os.path.join(ROOT, ".cache", "trl-venv")
 # "1M" is the recipes' tiny model; "25M" is wider and deeper (generation-heavy on CPU).
