@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from algorithms.ppo import value_loss
 from common.batch import Batch
@@ -41,9 +42,11 @@ class Critic:
     def offload(self) -> None:
         self.ds.offload()
 
+    @releases_gpu_cache
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.ds.inference(batch, _values)
 
+    @releases_gpu_cache
     def train_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         return self.value_step(batch, algo)
 

@@ -57,3 +57,22 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
         skip_shm_allreduce_build()     # DeepSpeed still builds the op when it first wraps that group
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def releases_gpu_cache(method):
+    """For an actor method that runs a model on a GPU the rollout engines share (colocation): afterwards, PyTorch's
+    cached free blocks go back to the driver. vLLM re-creates its whole fixed budget when it wakes and counts other
+    processes' reserved memory as used, so blocks cached here would make that wake run out of memory."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        finally:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    wrapper.releases_gpu_cache = True
+    return wrapper

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 from contextlib import contextmanager
 from enum import Enum
 from typing import Callable, Optional
@@ -27,10 +28,12 @@ def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
         "train_micro_batch_size_per_gpu": tr.micro_batch_size,
         "gradient_accumulation_steps": grad_accum,
         "gradient_clipping": tr.grad_clip,
-        "zero_optimization": {"stage": tr.zero_stage},
+        # ZeRO-3's zero.Init would replace torch.nn.functional.linear process-wide and for good, and an engine in
+        # the same process (placement.mode=hybrid) would run DeepSpeed's version inside its compiled forward
+        "zero_optimization": {"stage": tr.zero_stage, "memory_efficient_linear": False},
         "bf16": {"enabled": dtype == "bfloat16", "check_grad_overflow": True},  # ZeRO skips inf/NaN grads
         "fp16": {"enabled": dtype == "float16"},
-        "zero_allow_untested_optimizer": True,  # torch AdamW: no 140-170 s C++ optimizer build on CPU
+        "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed's CPU Adam is a C++ build at start
         "steps_per_print": 10**9,
     }
 
@@ -58,30 +61,28 @@ def plain_enums(obj):
     return obj
 
 
-class SkippableStep:
-    """Mixed into the torch optimizer DeepSpeed wraps: while `skip` is set, `step()` leaves every parameter and
-    moment as it is, so a bad update can be dropped on every rank while DeepSpeed's own step (its counters, the
-    gradient clearing) still runs. DeepSpeed has no hook for this; the optimizer is ours, so it is built with it."""
-
-    skip = False
+def skippable(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`optimizer` with a `skip` flag: while it is set, `step()` leaves every parameter and moment as it is, so a bad
+    update can be dropped on every rank while DeepSpeed's own step (its counters, the gradient clearing) still runs.
+    DeepSpeed has no hook for this; the optimizer is ours, so its step is wrapped on the instance, never by a
+    subclass: ZeRO-3's offload_states asserts the class is exactly FusedAdam. Bound as a method, since torch's LR
+    scheduler re-wraps `optimizer.step` through its `__func__`."""
+    base = type(optimizer).step
 
     def step(self, *args, **kwargs):
-        if self.skip:
-            return None
-        return super().step(*args, **kwargs)
+        return None if self.skip else base(self, *args, **kwargs)
 
-
-def _skippable(cls: type) -> type:
-    return type(f"Skippable{cls.__name__}", (SkippableStep, cls), {})
+    optimizer.skip, optimizer.step = False, types.MethodType(step, optimizer)
+    return optimizer
 
 
 def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
     """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
-    (trainer.offload) only for its FusedAdam, a CUDA op built on first use."""
+    (trainer.offload) only for its FusedAdam, a CUDA op built on first use (rlhf.config_gpu checks it can be)."""
     if tr.offload and tr.zero_stage == 3 and torch.cuda.is_available():
         from deepspeed.ops.adam import FusedAdam
-        return _skippable(FusedAdam)(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True)
-    return _skippable(torch.optim.AdamW)(params, lr=tr.lr, weight_decay=tr.weight_decay)
+        return skippable(FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True))
+    return skippable(torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay))
 
 
 def restricted_checkpoint_engine(config):
@@ -290,7 +291,7 @@ class DSModel:
     @contextmanager
     def _suppressed_update(self, skip: bool):
         """While `skip`, DeepSpeed's step runs (its counters advance, gradients are cleared) but the wrapped torch
-        optimizer does not move (SkippableStep), and the LR schedule is put back afterwards."""
+        optimizer does not move (`skippable`), and the LR schedule is put back afterwards."""
         if not skip:
             yield
             return

@@ -10,6 +10,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from actors.logits import shifted_logits, shifted_logprobs, shifted_logprobs_entropy
 from algorithms.common import aggregate_loss, masked_mean
@@ -56,6 +57,7 @@ class PolicyTrainer:
     def model(self) -> torch.nn.Module:
         return self.ds.module
 
+    @releases_gpu_cache
     def train_step(self, batch: Batch, algo: Optional[AlgorithmConfig] = None) -> dict[str, float]:
         """One update on this rank's rows: the on-policy RL loss with `algo` (rl_step), else SFT (sft_step).
         `time/train_worker` is its own duration: the driver's `time/train` less this is transport and waiting."""
@@ -136,6 +138,7 @@ class PolicyTrainer:
     def load_checkpoint(self, path: str) -> None:
         self.ds.load_checkpoint(path, "policy")
 
+    @releases_gpu_cache
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32."""
         return self.ds.inference(batch, _shifted_logprobs)
@@ -143,6 +146,7 @@ class PolicyTrainer:
     def offload(self) -> None:
         self.ds.offload()
 
+    @releases_gpu_cache
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA only: the reference policy is this model with its adapter disabled."""
         with self.model.disable_adapter():
@@ -244,6 +248,7 @@ class PolicyTrainer:
     def sender_opened(self) -> None:
         self._sender.opened()
 
+    @releases_gpu_cache
     def send_weights(self) -> int:
         """This rank's part of one sync: export every weight (collective under ZeRO-3) and send it."""
         return self._sender.send(self.iter_weights())

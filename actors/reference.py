@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from actors.dist import releases_gpu_cache
 from actors.logits import keep_kwargs, shifted_logprobs, takes_logits_to_keep
 from common.batch import Batch, map_grouped
 from common.dtypes import DTYPES
@@ -20,6 +21,7 @@ class ReferenceModel:
         self.micro_batch_size = micro_batch_size
         self.trims_logits = takes_logits_to_keep(self.model)
 
+    @releases_gpu_cache
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """Log-probs of input_ids[:, 1:], (B, L-1) fp32 on CPU; with a loss_mask, zero where it is false (logits

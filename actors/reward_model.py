@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from algorithms.reward import bradley_terry_loss
 from common.batch import Batch, map_grouped
@@ -38,6 +39,7 @@ class RewardModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             self.model = _load(model_path, dtype, trust_remote_code).eval().requires_grad_(False).to(device)
 
+    @releases_gpu_cache
     @torch.no_grad()
     def score(self, batch: Batch, micro_batch_size: int = 32) -> torch.Tensor:
         """One scalar per row: (B,) fp32."""

@@ -1,5 +1,6 @@
 """The GPU checks of the rollout and actors issues, as one command: DeepSpeed ZeRO-2 and ZeRO-3 SFT steps of a
-0.5B-shaped model (tokens/s, MFU, peak memory, trainer.offload's cost and what it frees), and the ipc channel (CUDA
+0.5B-shaped model (tokens/s, MFU, peak memory, the cache left behind for vLLM's wake, trainer.offload's cost and
+what it frees; ZeRO-3's offload goes through DeepSpeed's FusedAdam, built here), and the ipc channel (CUDA
 IPC) between a trainer actor and an engine actor sharing one GPU (seconds, GB/s, bit-exact arrival, the largest
 staging bucket and how many tensors were cut to fit it), the same for a hybrid rank (placement.mode=hybrid: the
 engine in the trainer's process, weights by reference), then the GPU-review rules that need a CUDA runtime (an
@@ -55,8 +56,11 @@ class TrainBench:
 
     def __init__(self, path: str, stage: int, dtype: str, batch: int, micro: int):
         from actors.policy import PolicyTrainer
+        import torch
+        # ZeRO-3 offloads with DeepSpeed's FusedAdam only: built here by nvcc, its class checked at the first
+        # offload (review 2, findings 1 and 2)
         tr = TrainerConfig(lr=1e-6, batch_size=batch, micro_batch_size=micro, warmup_steps=0, zero_stage=stage,
-                           offload=stage < 3)  # ZeRO-3 offload needs FusedAdam, which needs nvcc
+                           offload=torch.cuda.is_available())
         self.trainer, self.stage = PolicyTrainer(path, tr, dtype=dtype), stage
 
     def run(self, seq: int, steps: int, vocab: int) -> dict:
@@ -71,7 +75,7 @@ class TrainBench:
         for _ in range(steps):
             _sync()
             start = time.perf_counter()
-            self.trainer.sft_step(batch)
+            self.trainer.train_step(batch)  # as the controller calls it (its cache released afterwards)
             _sync()
             times.append(time.perf_counter() - start)
         step_s = statistics.median(times[1:])  # the first step pays for allocations
@@ -79,13 +83,13 @@ class TrainBench:
                "tflops": 6 * n * rows * seq / step_s / 1e12}
         if torch.cuda.is_available():
             out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            # what vLLM's wake would find taken but unused in this process (review 2, finding 4)
+            out["cached_free_GiB"] = (torch.cuda.memory_reserved() - torch.cuda.memory_allocated()) / 2**30
             out.update(self._offload_cost())
         return out
 
     def _offload_cost(self) -> dict:
         import torch
-        if self.stage == 3:
-            return {}
         before = torch.cuda.memory_allocated()
         start = time.perf_counter()
         self.trainer.offload()
@@ -104,7 +108,10 @@ def train_rows(path: str, args, vocab: int, gpu: dict) -> list[dict]:
     rows = []
     for stage in (2, 3):
         bench = make_actor(TrainBench, f"zero-{stage}", gpu, path, stage, args.dtype, args.batch, args.micro)
-        rows.append(ray_get([bench.run.remote(args.seq, args.steps, vocab)], 1800, [f"zero-{stage}"])[0])
+        try:
+            rows.append(ray_get([bench.run.remote(args.seq, args.steps, vocab)], 1800, [f"zero-{stage}"])[0])
+        except Exception as e:  # noqa: BLE001 - a crash on this path is the finding the row reports
+            rows.append({"zero": stage, "error": f"{type(e).__name__}: {str(e)[-300:]}"})
         ray.kill(bench)
     return rows
 
@@ -223,6 +230,10 @@ def rule_rows(gpu: dict) -> list[dict]:
     hidden = make_actor(_Probe, "no-GPU probe", {})
     rows.append({"finding": "3: an actor asking no GPU sees none",
                  "ok": ray_get([hidden.visible_gpus.remote()], 300, ["no-GPU probe"])[0] == 0})
+    from rlhf.config_gpu import fused_adam_problem
+    problem = fused_adam_problem()
+    rows.append({"finding": f"review 2, 2: FusedAdam buildable ({problem or 'nvcc and ninja found'})",
+                 "ok": problem is None})
     with_gpu = make_actor(_Probe, "GPU probe", gpu)
     rows.append({"finding": "14: NCCL sync group with timeout_s",
                  "ok": ray_get([with_gpu.nccl_sync_group.remote(60.0)], 300, ["GPU probe"])[0]})
@@ -269,9 +280,9 @@ def main() -> None:
     rules = rule_rows({"num_gpus": 1} if gpus else {})
     ray.shutdown()
     for r in train:
-        r["MFU"] = r["tflops"] / args.peak_tflops if gpus else float("nan")
-    keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "offload_s", "reload_s",
-            "freed_GiB"]
+        r["MFU"] = r["tflops"] / args.peak_tflops if gpus and "tflops" in r else float("nan")
+    keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "cached_free_GiB",
+            "offload_s", "reload_s", "freed_GiB", "error"]
     print(f"{args.size}-shaped, {args.dtype}, batch {args.batch} x {args.seq} tokens, micro-batch {args.micro}, "
           f"median of {args.steps - 1} steps:")
     print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
@@ -279,8 +290,8 @@ def main() -> None:
     print_table(list(hybrid), [list(hybrid.values())])
     print_table(["finding", "ok"], [[r["finding"], r["ok"]] for r in rules])
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump({"args": vars(args), "train": train, "sync": sync, "hybrid": hybrid, "rules": rules, "device": torch.cuda.get_device_name()
-                   if gpus else "cpu"}, f, indent=1)
+        json.dump({"args": vars(args), "train": train, "sync": sync, "hybrid": hybrid, "rules": rules,
+                   "device": torch.cuda.get_device_name() if gpus else "cpu"}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,10 @@ def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
     return ray.remote(cls).options(name=None, **opts).remote(*args, **kwargs)
 
 
-def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str]) -> list:
+def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: str = "") -> list:
     """ray.get on a list with one deadline. Results are waited for together, so a rank that died is reported at
-    once by its role (e.g. 'policy trainer 1') even while its peers hang in a collective waiting for it."""
+    once by its role (e.g. 'policy trainer 1') even while its peers hang in a collective waiting for it. `hint`:
+    which setting to raise, said when the deadline passes."""
     import time
 
     import ray
@@ -40,7 +41,8 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str]) -> list
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not ready:
             raise WorkerDied(f"{', '.join(role_of[r] for r in pending)} did not answer within {timeout_s:.0f} s "
-                             "(a collective that reached only some ranks hangs like this)", role_of[pending[0]])
+                             f"(a collective that reached only some ranks hangs like this{'; ' * bool(hint)}{hint})",
+                             role_of[pending[0]])
         try:
             ray.get(ready[0])
         except RayActorError as e:

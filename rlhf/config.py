@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from common.errors import UserError
 from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
+from rlhf.config_gpu import validate_gpu
 from rlhf.config_rollout import validate_env, validate_sync
 from rlhf.tasks import TASKS
 from rollout.rewards import BUILTIN as BUILTIN_REWARDS
@@ -120,6 +121,9 @@ class RolloutConfig:
     # a sampling seed per prompt: rollouts reproducible whatever the batching (and a resumed run's rollouts equal an
     # uninterrupted one's); null = on CPU only: on GPUs vLLM then samples every row in one batched kernel
     seed_per_prompt: Optional[bool] = None
+    # seconds any one engine call may take (a generation, a weight sync) before the run stops naming the engine;
+    # null = 600, and for a generation 0.05 s more per token its busiest engine may have to produce
+    timeout_s: Optional[float] = None
 
 
 @dataclass
@@ -217,6 +221,7 @@ def validate(cfg: RunConfig) -> list[str]:
         _validate_rl(cfg, bad, choice, positive)
     if cfg.stage in ("dpo", "rm"):
         _validate_preference(cfg, bad, choice, positive)
+    validate_gpu(cfg, bad)
     return p
 
 
@@ -338,6 +343,8 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
                        ("rollout.max_new_tokens", r.max_new_tokens), ("rollout.sync_bucket_mb", r.sync_bucket_mb)):
         positive(key, value)
+    if r.timeout_s is not None:
+        positive("rollout.timeout_s", r.timeout_s)
     if a.loss_norm_len is not None and a.loss_norm_len <= 0:
         bad("algorithm.loss_norm_len", a.loss_norm_len, "must be > 0 (seq-mean-token-sum-norm's constant), or null "
             "for rollout.max_new_tokens")

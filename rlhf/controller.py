@@ -117,7 +117,7 @@ class RLController:
         self.logger.console(f"rollout engine {engine} died and Ray restarted it ({self.rollout.restarts} restart(s) "
                             "so far); pushing the current weights into it and redoing its share of the work")
         self._setup_sync()
-        self._sync_weights()
+        self._push_weights()
 
     # ---- one step, top to bottom ----
     def step(self, step: int) -> dict[str, float]:
@@ -149,6 +149,13 @@ class RLController:
         return {**metrics, **t.times}
 
     def _sync_weights(self) -> None:
+        """After an update. Under rollout.overlap the engines first finish the rollout in flight, waited for under
+        its own deadline: a sync sent now would wait behind it, and the sync's deadline would have to cover it."""
+        if self.pending is not None:
+            self.rollout.collect(self.pending[1])
+        self._push_weights()
+
+    def _push_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
         from rollout.sync import sync_weights
         self.rollout.call("wake_up", ["weights"])

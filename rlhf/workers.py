@@ -87,9 +87,9 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
 
     def start_engines(policy) -> RolloutGroup:
         if hybrid:  # the policy ranks host the engines
-            return RolloutGroup(policy.actors, in_trainers=True)
+            return RolloutGroup(policy.actors, cfg.rollout.timeout_s, in_trainers=True)
         return RolloutGroup.start(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
-                                  placement.options["rollout"], engine_cls,
+                                  placement.options["rollout"], engine_cls, cfg.rollout.timeout_s,
                                   max_restarts=cfg.rollout.max_engine_restarts)
 
     def start_policy():

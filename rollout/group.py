@@ -19,6 +19,13 @@ class Submitted:
     prompts: Sequence
     sampling: SamplingConfig
     lives: list = field(default_factory=list)  # lives[k]: the engine's restart count when refs[k] was sent
+    samples: Optional[list[Sample]] = None  # once collected
+    timeout_s: float = 0.0  # its deadline (RolloutGroup.deadline)
+
+
+BASE_TIMEOUT_S = 600.0  # any engine call: a wake-up, a sync, a generation's fixed part
+S_PER_TOKEN = 0.05  # a generation's deadline grows by this per token one engine may have to produce in it
+TIMEOUT_HINT = "if it was still working, raise rollout.timeout_s"
 
 
 class RolloutGroup:
@@ -26,9 +33,10 @@ class RolloutGroup:
     and push the current weights), an engine whose process dies is restarted by Ray and its share of the generation
     (or of a `call`) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
 
-    def __init__(self, engines: list, timeout_s: float = 600.0, in_trainers: bool = False):
+    def __init__(self, engines: list, timeout_s: Optional[float] = None, in_trainers: bool = False):
         """`in_trainers`: the engines are hosted by the policy trainer ranks' own actors (placement.mode: hybrid),
-        so errors name the rank and a death is the rank's (no restart)."""
+        so errors name the rank and a death is the rank's (no restart). `timeout_s` (rollout.timeout_s): every
+        engine call's deadline; None = BASE_TIMEOUT_S, and for a generation more by its size (`deadline`)."""
         self.engines, self.timeout_s, self.in_trainers = engines, timeout_s, in_trainers
         self.roles = [f"policy trainer {i}" if in_trainers else f"rollout engine {i}" for i in range(len(engines))]
         self.on_restart: Optional[Callable[[int], None]] = None
@@ -41,7 +49,8 @@ class RolloutGroup:
 
     @classmethod
     def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
-               engine_cls: type | None = None, timeout_s: float = 600.0, max_restarts: int = 0) -> "RolloutGroup":
+               engine_cls: type | None = None, timeout_s: Optional[float] = None,
+               max_restarts: int = 0) -> "RolloutGroup":
         """`start`, then wait until every engine is up."""
         group = cls.start(num_engines, engine_kwargs, actor_options, engine_cls, timeout_s, max_restarts)
         group.ready()
@@ -49,7 +58,8 @@ class RolloutGroup:
 
     @classmethod
     def start(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
-              engine_cls: type | None = None, timeout_s: float = 600.0, max_restarts: int = 0) -> "RolloutGroup":
+              engine_cls: type | None = None, timeout_s: Optional[float] = None,
+              max_restarts: int = 0) -> "RolloutGroup":
         """The engine actors, loading in the background (`ready` waits for them)."""
         if engine_cls is None:
             from rollout.vllm_engine import VLLMEngine as engine_cls
@@ -61,13 +71,21 @@ class RolloutGroup:
     def ready(self) -> None:
         self.call("__ray_ready__")
 
+    def deadline(self, prompts: int, sampling: SamplingConfig) -> float:
+        """Seconds a generation of `prompts` may take: rollout.timeout_s when set, else scaled by the tokens the
+        busiest engine may have to produce (long chain-of-thought sampling outlasts any fixed deadline)."""
+        if self.timeout_s is not None:
+            return self.timeout_s
+        rows = -(-prompts // len(self.engines)) * sampling.n
+        return BASE_TIMEOUT_S + S_PER_TOKEN * rows * sampling.max_new_tokens
+
     def call(self, method: str, *args, **kwargs) -> list:
         """`method` on every engine (it must be safe to repeat on an engine that was restarted)."""
         refs = [getattr(e, method).remote(*args, **kwargs) for e in self.engines]
         lives = dict(enumerate(self.lives))
         while True:
             try:
-                return ray_get(refs, self.timeout_s, self.roles)
+                return ray_get(refs, self.timeout_s or BASE_TIMEOUT_S, self.roles, TIMEOUT_HINT)
             except WorkerDied as e:
                 i = self._restart(e, lives)
                 refs[i], lives[i] = getattr(self.engines[i], method).remote(*args, **kwargs), self.lives[i]
@@ -78,7 +96,8 @@ class RolloutGroup:
     def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> Submitted:
         """Start generating without waiting (`collect` waits). Contiguous chunks per engine; per-prompt seeds are
         offset by the chunk start, so the samples are the same whatever the number of engines."""
-        out = Submitted(even_spans(len(prompt_ids), len(self.engines)), [], prompt_ids, sampling)
+        out = Submitted(even_spans(len(prompt_ids), len(self.engines)), [], prompt_ids, sampling,
+                        timeout_s=self.deadline(len(prompt_ids), sampling))
         out.refs = [self._generate_span(out, k) for k in range(len(out.spans))]
         out.lives = [self.lives[i] for i, _, _ in out.spans]
         return out
@@ -89,11 +108,14 @@ class RolloutGroup:
         return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=seed))
 
     def collect(self, sub: Submitted) -> list[Sample]:
-        """The samples of a `submit`, in prompt order. A restarted engine redoes its chunk with the same seeds."""
+        """The samples of a `submit`, in prompt order (waited for once; again, the same list). A restarted engine
+        redoes its chunk with the same seeds."""
+        if sub.samples is not None:
+            return sub.samples
         roles = [self.roles[i] for i, _, _ in sub.spans]
         while True:
             try:
-                chunks = ray_get(sub.refs, self.timeout_s, roles)
+                chunks = ray_get(sub.refs, sub.timeout_s, roles, TIMEOUT_HINT)
                 break
             except WorkerDied as e:
                 i = self._restart(e, {j: sub.lives[k] for k, (j, _, _) in enumerate(sub.spans)})
@@ -105,6 +127,7 @@ class RolloutGroup:
             for s in chunk:
                 s.prompt_index += lo
             out += chunk
+        sub.samples = out
         return out
 
     def _restart(self, error: WorkerDied, lives: dict[int, int]) -> int:

@@ -10,6 +10,33 @@ from rollout.engine import Sample, SamplingConfig
 from rollout.render import PromptRenderer, render_prompts
 
 
+class _TokenLogprobs:
+    """A logits processor that records the sampled tokens' log-probs under the raw model distribution (vLLM's
+    default `raw_logprobs`, what the trainer recomputes): placed first, it sees each step's raw logits and keeps
+    their log-softmax only until the next step's input shows which token was drawn, so one step's (B, V) is held
+    at a time, never every step's (transformers' output_logits)."""
+
+    def __init__(self):
+        self.pending: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = scores.float().log_softmax(-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.picked.append(self.pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """new_tokens (B, T) the generated ids -> (B, T) fp32 log-probs (pad positions after a row's end included)."""
+        if self.pending is not None:
+            self._take(new_tokens[:, len(self.picked)])
+        return torch.stack(self.picked, dim=1)
+
+
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32", trust_remote_code: bool = False,
                  batch_size: int = 64, **_ignored_vllm_options):
@@ -59,18 +86,24 @@ class HFEngine:
         # Left-pad so every row's next token sits in the last column.
         ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for _, p in items], device=self.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p in items], device=self.model.device)
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
         greedy = sampling.temperature == 0
-        # top_k=0: transformers would otherwise apply its default top_k=50, unlike vLLM.
-        kwargs = {} if greedy else {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        processors = [record := _TokenLogprobs()]  # first: it sees each step's raw logits
+        if not greedy:
+            processors.append(TemperatureLogitsWarper(sampling.temperature))
+        if not greedy and sampling.top_p < 1.0:
+            processors.append(TopPLogitsWarper(sampling.top_p))
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        # Neutral settings stated outright, as vLLM's explicit sampling params are: otherwise transformers fills
+        # them from the checkpoint's generation_config (a top_k of 50, a repetition penalty).
         res = self.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
-            eos_token_id=[self.eos_id, *sampling.stop_token_ids], pad_token_id=self.pad_id, output_logits=True,
-            return_dict_in_generate=True, **kwargs)
+            temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, logits_processor=LogitsProcessorList(
+                processors), eos_token_id=[self.eos_id, *sampling.stop_token_ids], pad_token_id=self.pad_id,
+            return_dict_in_generate=True)
         new = res.sequences[:, width:]
-        # Log-probs under the raw model distribution (vLLM's default `raw_logprobs`), which is what the trainer
-        # recomputes; temperature/top-p only shape the sampling.
-        logps = torch.stack(res.logits, dim=1).float().log_softmax(-1).gather(-1, new.unsqueeze(-1)).squeeze(-1).cpu()
+        logps = record.finish(new).cpu()
         new = new.cpu()
         samples, stops = [], {self.eos_id, *sampling.stop_token_ids}
         for row, (index, prompt) in enumerate(items):

@@ -35,5 +35,6 @@ class WeightSyncExtension:
                 count[0] += 1
                 yield item
 
-        self.model_runner.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        # the worker's own reload_weights: it enters set_current_vllm_config, which reload steps may read
+        self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
         return count[0]

@@ -26,6 +26,17 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
         lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
                             batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-4
+    # raw log-probs whatever shapes the sampling, gathered step by step (no (B, T, V) of every step's logits)
+    asked = {}
+    generate = model.generate
+    model.generate = lambda **kw: asked.update(kw) or generate(**kw)
+    warped = engine.generate(prompts, SamplingConfig(max_new_tokens=6, temperature=0.5, top_p=0.8, n=2, seed=4))
+    assert not asked.get("output_logits") and not asked.get("output_scores")
+    batch = samples_to_batch(warped, tok.pad_token_id)
+    with torch.no_grad():
+        lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
+                            batch["input_ids"][:, 1:])
+    assert logprob_diff(lp, batch) < 1e-4
     with pytest.raises(ValueError, match="pass token ids"):  # a bare model has no tokenizer
         engine.generate(["sort 3 1 2 ="], SamplingConfig())
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)

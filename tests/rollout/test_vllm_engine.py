@@ -48,6 +48,11 @@ def assert_engines_track(trainers, group, batches, prompts, pad_id: int, total_b
         assert logprob_diff(trainers.compute_logprobs(fresh), fresh) < 1e-3
 
 
+def _linear_is_torchs(_actor_self) -> bool:
+    import torch
+    return torch.nn.functional.linear is torch._C._nn.linear
+
+
 def assert_two_engines_generate(trainers, group, tok, prompts) -> None:
     """Samples keep the prompts' order, do not depend on how prompts are split across engines, and agree with the
     trainer's log-probs; text prompts give the same samples; unseeded sampling is valid and not repeated."""
@@ -95,6 +100,9 @@ def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
     try:
         assert_two_engines_generate(trainers, group, tok, prompts)
+        # zero.Init ran in these ranks; an engine in such a process (hybrid) must still find torch's own linear
+        assert ray_get([a.__ray_call__.remote(_linear_is_torchs) for a in trainers.actors], 60, ["0", "1"]) == \
+            [True, True]
         specs = trainers.weight_specs()
         total = sum(s.nbytes for s in specs)
         plan = plan_buckets(specs, bucket_bytes=16 << 10)
