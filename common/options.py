@@ -11,22 +11,23 @@ class LoraConfig:
     """PEFT LoRA on the policy; rank 0 = full fine-tuning. The reference model is then the policy with its
     adapter disabled (no second copy)."""
 
-    rank: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
+    rank: int = 0  # the adapter's rank; 0 = no adapter, full fine-tuning
+    alpha: int = 16  # LoRA scaling numerator (the update is scaled by alpha / rank)
+    dropout: float = 0.0  # dropout on the adapter's input
+    # the modules (by name) that get an adapter
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 @dataclass
 class TrainerConfig:
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak learning rate (AdamW), reached after warmup_steps, then constant
     batch_size: int = 32  # sequences per optimizer step, over all ranks
     micro_batch_size: int = 8  # sequences per forward pass on one rank
-    max_steps: int = 100
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    zero_stage: int = 0
+    max_steps: int = 100  # optimizer steps of the run (stage rl: one rollout and update each)
+    warmup_steps: int = 10  # linear learning-rate warm-up from 0
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    grad_clip: float = 1.0  # clip the global gradient norm to this
+    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded
     world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
     max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
     offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
@@ -34,8 +35,8 @@ class TrainerConfig:
     # longest first, the same count on every rank (common.packing); null = micro_batch_size rows
     max_tokens_per_micro_batch: Optional[int] = None
     # each micro-batch's rows end to end without padding, position ids restarting per row (common.packing.pack_rows);
-    # the same loss. For per-sequence attention (flash attention on GPU); under CPU sdpa's dense mask it is 0.44x
-    # (benchmarks/micro_batch_bench.py). Policy and critic (per-token outputs), not the reward model
+    # the same loss. For per-sequence attention (flash attention on GPU); on CPU sdpa's dense mask makes it slower
+    # (docs/performance.md). Policy and critic (per-token outputs), not the reward model
     packing: bool = False
     attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null: HF
 
@@ -48,15 +49,16 @@ class AlgorithmConfig:
     kl_coef: float = 0.0  # 0 = no reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient); see algorithms/kl.py
     kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: float = 0.2  # PPO ratio clip below 1: ratio >= 1 - clip_low
+    clip_high: float = 0.2  # PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO raises it, e.g. 0.28)
+    # dual-clip PPO: the loss of a negative-advantage token is bounded at this ratio (e.g. 3); null = off
     dual_clip: Optional[float] = None
     tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
-    loss_agg: str = "token-mean"
+    loss_agg: str = "token-mean"  # how token losses become the batch loss (docs/algorithms.md)
     # seq-mean-token-sum-norm's constant (Dr. GRPO divides each sequence's token sum by the generation budget);
     # null = rollout.max_new_tokens
     loss_norm_len: Optional[int] = None
-    ppo_epochs: int = 1
+    ppo_epochs: int = 1  # passes over each rollout; more than 1 reshuffles the rows into new mini-batches
     scale_by_std: bool = True  # grpo; false = Dr. GRPO
     gamma: float = 1.0  # ppo (GAE) and reinforce_pp discount
     lam: float = 0.95  # ppo: GAE lambda

@@ -32,6 +32,12 @@ PLACEMENT_MODES = ("colocate", "hybrid", "split")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+# the keys whose value is one of a fixed set: validate() checks them, --help-config lists them
+CHOICES = {"stage": STAGES, "model.dtype": DTYPES, "model.tiny.arch": ARCHS, "algorithm.name": ALGORITHMS,
+           "algorithm.kl_estimator": KL_ESTIMATORS, "algorithm.loss_agg": LOSS_AGG, "rollout.engine": ENGINES,
+           "rollout.lora_sync": LORA_SYNC, "rollout.sync_channel": SYNC_CHANNELS, "placement.mode": PLACEMENT_MODES,
+           "trainer.zero_stage": (0, 1, 2, 3), "algorithm.dpo_loss": ("sigmoid", "ipo", "hinge"),
+           "env.observation_role": ("user", "tool")}
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
 LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
@@ -42,20 +48,21 @@ VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # what vLLM's a
 class TinyModelConfig:
     """A randomly initialised model built locally when `model.path` is unset (nothing can be downloaded)."""
 
-    arch: str = "qwen2"
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 256
+    arch: str = "qwen2"  # the transformers architecture the tiny model is built as
+    hidden_size: int = 128  # its width; hidden_size / num_heads must be a head size vLLM supports
+    num_layers: int = 2  # decoder layers
+    num_heads: int = 4  # attention heads
+    num_kv_heads: int = 2  # key/value heads (grouped-query attention); divides num_heads
+    intermediate_size: int = 256  # MLP width
+    max_position_embeddings: int = 256  # the longest sequence it can take
 
 
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # a local Hugging Face folder; unset = build the tiny model into <output_dir>
+    # the weights' dtype in the trainers (DeepSpeed: fp32 master weights under bfloat16) and the engines
     dtype: str = "float32"
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # run the checkpoint folder's own modelling code (transformers and vLLM)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -64,17 +71,17 @@ class ModelConfig:
 class DataConfig:
     task: Optional[str] = "sort"  # a built-in synthetic task, or null to read train_path/eval_path
     train_path: Optional[str] = None  # JSONL, Parquet, or a `datasets` folder saved with save_to_disk
-    eval_path: Optional[str] = None
+    eval_path: Optional[str] = None  # held-out rows, the same format; evaluation uses them
     prompt_key: str = "prompt"  # a string, or a list of {role, content} messages; dotted keys reach nested columns
     answer_key: str = "answer"  # optional for RL prompts: reward functions receive it as `answer` when present
     messages_key: str = "messages"  # SFT data as whole conversations (loss on assistant turns), when no prompt
     apply_chat_template: bool = False  # wrap string prompts as one user message in the checkpoint's chat template
     chosen_key: str = "chosen"  # preference data (reward model, DPO)
-    rejected_key: str = "rejected"
+    rejected_key: str = "rejected"  # preference data: the dispreferred answer
     num_train: int = 4096  # synthetic tasks only
-    num_eval: int = 64
+    num_eval: int = 64  # synthetic tasks only: held-out rows
     min_items: int = 3  # sort: how many numbers; add: how many digits per operand
-    max_items: int = 5
+    max_items: int = 5  # the upper bound of min_items' range
     max_value: int = 99  # sort only: numbers are drawn from [0, max_value]
 
 
@@ -95,17 +102,17 @@ class PlacementConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "vllm"  # vllm | hf (transformers generate, for hosts without vLLM)
-    num_engines: int = 1
-    prompts_per_step: int = 16
+    num_engines: int = 1  # rollout engines, each a Ray actor (data parallel: prompts are split across them)
+    prompts_per_step: int = 16  # prompts each step samples from; n_samples completions each
     n_samples: int = 8  # completions per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 16
-    max_model_len: int = 256
+    temperature: float = 1.0  # sampling temperature of the rollouts (log-probs stay the model's raw ones)
+    top_p: float = 1.0  # nucleus sampling; 1 = off
+    max_new_tokens: int = 16  # the completion budget; a completion cut there has finish_reason "length"
+    max_model_len: int = 256  # prompt + completion tokens an engine accepts (its KV cache is sized for it)
     kv_cache_mb: int = 64  # CPU KV cache size per engine
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = 0.5  # each engine's share of its GPU (vLLM's own budget)
     multiprocess: Optional[bool] = None  # vLLM's multiprocess engine core; null = on GPUs only (slow start on CPU)
-    sync_bucket_mb: int = 64
+    sync_bucket_mb: int = 64  # the weight sync's bucket size; a larger tensor is sent in parts
     # auto: ipc where every engine can map its trainer rank's memory (same host; on GPUs, the same GPU), else
     # broadcast | broadcast: torch.distributed from trainer rank 0 | ipc: shared memory / CUDA IPC
     sync_channel: str = "auto"
@@ -135,7 +142,7 @@ class RewardConfig:
 @dataclass
 class EvalConfig:
     every: int = 50  # steps between evaluations; 0 = only before and after training
-    max_new_tokens: int = 32
+    max_new_tokens: int = 32  # the completion budget of evaluation
     n_samples: int = 1  # > 1: also sample this many completions per prompt and report eval/pass@k
     temperature: float = 1.0  # sampling temperature of those samples (the greedy pass is always temperature 0)
 
@@ -143,24 +150,24 @@ class EvalConfig:
 @dataclass
 class CheckpointConfig:
     every: int = 10  # steps between checkpoints (stage rl); 0 = only at the end
-    keep_last: int = 2
+    keep_last: int = 2  # complete checkpoints kept; older ones are deleted
     resume: bool = True  # rerunning the same command continues from the newest complete checkpoint
 
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True
+    tensorboard: bool = True  # write TensorBoard events to <output_dir>/tensorboard
     wandb_project: Optional[str] = None  # logs to W&B when set and wandb is installed
-    console_every: int = 10
+    console_every: int = 10  # print a metrics line every N steps
     rollouts_every: int = 0  # stage rl: every N steps append samples to <output_dir>/rollouts.jsonl; 0 = never
     rollouts_per_step: int = 8  # how many samples (the first of that step's rollout) each dump holds
 
 
 @dataclass
 class RunConfig:
-    stage: str = "sft"
-    output_dir: str = "runs/default"
-    seed: int = 0
+    stage: str = "sft"  # what the run trains: supervised, a reward model, DPO, or RL with rollouts
+    output_dir: str = "runs/default"  # metrics, checkpoints and the final model go here; a rerun resumes from it
+    seed: int = 0  # model initialisation, data order and sampling
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

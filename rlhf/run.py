@@ -39,10 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlhf.run", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML recipe, e.g. examples/sort_sft.yaml")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    parser.add_argument("--help-config", nargs="?", const="", metavar="SECTION",
+                        help="print every config key (or a section's, e.g. rollout) with its type, default, allowed "
+                             "values and meaning, and exit")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. trainer.lr=1e-4")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.help_config is not None:
+            from rlhf.config_doc import help_text
+            print(help_text(args.help_config), end="")
+            return 0
+        from rlhf.config_resolve import resolved
+        cfg = resolved(load_config(args.config, args.overrides))
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
@@ -56,9 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 def exit_now(code: int) -> None:
     """End the process with `code` once a run's work is done: wait for its other threads, run the atexit handlers
     (Ray's shutdown, logging's flush, ...) and flush stdout/stderr, then leave without the interpreter's teardown.
-    That teardown frees every module and object one by one and gains nothing at the end of a process: the end of a
-    one-step 2x2 hybrid GRPO run took 4.70 s with it and 3.36 s without (benchmarks/startup.py --exits fast,full,
-    one run, median of 3)."""
+    That teardown frees every module and object one by one and gains nothing at the end of a process
+    (benchmarks/startup.py --exits fast,full measures the difference)."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

@@ -1,4 +1,6 @@
 """Config loading: defaults, overrides, and every kind of bad input ending in a clear UserError / exit code 2."""
+import os
+
 import pytest
 
 from common.errors import UserError
@@ -15,9 +17,9 @@ def write(tmp_path, text: str, name: str = "c.yaml") -> str:
 def test_defaults_file_and_overrides_merge_in_order(tmp_path):
     path = write(tmp_path, "trainer:\n  lr: 0.5\n  batch_size: 16\n")
     cfg = load_config(path, ["trainer.lr=0.25", "data.task=add"])
-    assert isinstance(cfg, RunConfig)
     assert cfg.trainer.lr == 0.25 and cfg.trainer.batch_size == 16 and cfg.data.task == "add"
     assert cfg.trainer.micro_batch_size == RunConfig().trainer.micro_batch_size
+    assert cfg.rollout == RunConfig().rollout  # sections neither the file nor the overrides name keep the defaults
 
 
 def test_missing_file(tmp_path):
@@ -162,3 +164,43 @@ def test_gpu_colocation_never_broadcasts_between_ranks_on_one_gpu(overrides, ok)
 def test_settings_that_would_be_silently_ignored_or_zero_are_rejected(args, needle):
     with pytest.raises(UserError, match=needle):
         load_config(None, args)
+
+
+def test_every_key_is_documented_and_the_reference_page_is_current():
+    from rlhf.config_doc import entries, markdown
+    keys = entries()
+    assert len(keys) > 100 and not [e.key for e in keys if not e.help]
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config-reference.md")
+    with open(path, encoding="utf-8") as f:
+        assert f.read() == markdown(), "docs/config-reference.md is stale: run python -m rlhf.config_doc"
+
+
+def test_help_config_prints_a_section_with_types_defaults_and_choices(capsys):
+    from rlhf.run import main
+    assert main(["--help-config", "rollout"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout.sync_channel  (str, default 'auto'; one of auto, broadcast, ipc)" in out
+    assert "rollout.timeout_s  (float or null, default null)" in out and "trainer.lr" not in out
+    assert main(["--help-config", "rollot"]) == 2
+    assert "no such section" in capsys.readouterr().err
+
+
+def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch):
+    from rlhf.config_resolve import resolved
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    keys = ("algorithm.loss_norm_len", "rollout.logprob_diff_warn", "rollout.seed_per_prompt", "rollout.multiprocess",
+            "placement.reference_ranks", "placement.cpu_threads")
+
+    def value(cfg, key):
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+    cpu = load_config(None, ["stage=rl", "rollout.max_new_tokens=24", "model.dtype=bfloat16"])
+    assert all(value(cpu, k) is None for k in keys)
+    got = {k: value(resolved(cpu), k) for k in keys}
+    assert got == {"algorithm.loss_norm_len": 24, "rollout.logprob_diff_warn": 5e-2, "rollout.seed_per_prompt": True,
+                   "rollout.multiprocess": False, "placement.reference_ranks": 1, "placement.cpu_threads": 3}
+    gpu = resolved(load_config(None, ["stage=rl", "placement.num_gpus=2", "trainer.world_size=2",
+                                      "rollout.num_engines=2", "algorithm.kl_coef=0.1", "rollout.engine=hf"]))
+    assert (gpu.rollout.seed_per_prompt, gpu.rollout.multiprocess, gpu.placement.reference_ranks) == (False, True, 2)
+    kept = resolved(load_config(None, ["stage=rl", "rollout.seed_per_prompt=false", "algorithm.loss_norm_len=7"]))
+    assert kept.rollout.seed_per_prompt is False and kept.algorithm.loss_norm_len == 7  # set values stay
