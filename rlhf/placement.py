@@ -89,7 +89,8 @@ class Placement:
 
 def multiprocess_engine(requested, num_gpus: int) -> bool:
     """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
-    model, not in its way) and the in-process one on CPU (a 20-40 s longer start there, for a tiny model)."""
+    model, not in its way) and the in-process one on CPU (a second process costs far more start-up than it gains
+    there)."""
     return requested if requested is not None else num_gpus > 0
 
 

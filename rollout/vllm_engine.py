@@ -22,8 +22,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank va
 def no_torch_compile() -> None:
     """CPU: torch.compile off in this process and the engine processes it starts. vLLM's sampler compiles a helper
     (token ranks for the log-probs we ask for) with inductor on first use, a dynamo trace and an inductor compile in
-    every engine: measured at 2.4-2.7 s of its first generate (0.06 s eager; later calls 0.03 s either way). The
-    model itself already runs eagerly on CPU (enforce_eager), so nothing else is compiled."""
+    every engine that cost its first generate many times a later one's. The model itself already runs eagerly on CPU
+    (enforce_eager), so nothing else is compiled."""
     os.environ["TORCH_COMPILE_DISABLE"] = "1"  # read when torch._dynamo loads, here or in a child process
     if "torch._dynamo.config" in sys.modules:  # already loaded: the flag is read at each compile
         sys.modules["torch._dynamo.config"].disable = True
@@ -74,8 +74,9 @@ class VLLMEngine:
                           max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
         self.lora_request, self.lora_dir = None, os.path.join(root, "lora", str(os.getpid()))
         # vLLM collects garbage five times while it starts (memory profiling), each a full pass over every object
-        # torch, transformers and DeepSpeed made in this process (1.5 s of a 3.7 s start measured in a trainer's
-        # process), and an in-process engine core freezes the whole heap once started (EngineCore: freeze_gc_heap).
+        # torch, transformers and DeepSpeed made in this process (a large share of the engine's start in a
+        # trainer's process), and an in-process engine core freezes the whole heap once started (EngineCore:
+        # freeze_gc_heap).
         # One collection, then a freeze (vLLM's own order: no garbage is frozen), makes the later passes cover only
         # what vLLM itself creates; with the engine core in a child process this one is unfrozen again below.
         gc.collect()
@@ -184,14 +185,13 @@ class VLLMEngine:
     def shutdown(self) -> None:
         """Before the host process is killed (RolloutGroup.shutdown): stop an engine core that runs in a child
         process, which killing the host would leave running with its /dev/shm segments. An in-process core ends
-        with its host; vLLM's own shutdown of it frees memory the kill frees anyway, and spent ~1 s per engine
-        in two gc.collect() calls (measured in-process, cProfile): a 2x2 hybrid run's close() took 1.12 s, now
-        0.01 s."""
+        with its host; vLLM's own shutdown of it frees memory the kill frees anyway, through two full
+        gc.collect() passes over the host's heap."""
         if getattr(self, "llm", None) is not None and self.multiprocess:
             llm, self.llm = self.llm, None
             segments = mapped_shm(self.process_ids()[1:])
             llm.llm_engine.engine_core.shutdown()
-            for path in segments:  # a core stopped before its executor unlinked its message queue (160 MiB, seen once)
+            for path in segments:  # a core stopped before its executor unlinked its message queue
                 if os.path.exists(path):
                     os.unlink(path)
         # in-process: keep self.llm; dropping the last reference would run the same shutdown from vLLM's __del__

@@ -14,22 +14,22 @@ os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # `make test` hands whole files to two pytest-xdist workers in this order (--dist loadfile --no-loadscope-reorder):
-# roughly longest first (seconds inside one suite run on 2026-12-02), so neither worker is left alone with a long file
-# at the end, and the short files fill the gaps. test_stages goes first: its fixture trains the shared SFT run (one
-# core) that most e2e files wait for, while the other worker runs the engine tests, which do not need it.
-LONGEST_FIRST = ["e2e/test_stages.py",  # 190 s
+# roughly longest first, so neither worker is left alone with a long file at the end, and the short files fill the
+# gaps. test_stages goes first: its fixture trains the shared SFT run (one core) that most e2e files wait for, while
+# the other worker runs the engine tests, which do not need it.
+LONGEST_FIRST = ["e2e/test_stages.py",
                  "e2e/test_real_model.py",  # the real model: its conversion and a 2-step GRPO
-                 "rollout/test_vllm_engine.py",  # 174 (before its broadcast and ipc tests shared engines)
-                 "e2e/test_real_workloads.py",  # 139
-                 "e2e/test_resume.py",  # 150
-                 "e2e/test_faults.py",  # 135
-                 "e2e/test_job_submit.py",  # 73
-                 "e2e/test_hybrid.py",  # 53
-                 "e2e/test_pipeline.py",  # 51
-                 "actors/test_trainer_group.py",  # 46
-                 "test_placement.py",  # 39
-                 "e2e/test_two_nodes.py",  # 37
-                 "e2e/test_multiturn.py"]  # 34
+                 "rollout/test_vllm_engine.py",
+                 "e2e/test_real_workloads.py",
+                 "e2e/test_resume.py",
+                 "e2e/test_faults.py",
+                 "e2e/test_job_submit.py",
+                 "e2e/test_hybrid.py",
+                 "e2e/test_pipeline.py",
+                 "actors/test_trainer_group.py",
+                 "test_placement.py",
+                 "e2e/test_two_nodes.py",
+                 "e2e/test_multiturn.py"]
 
 
 def pytest_collection_modifyitems(config, items):

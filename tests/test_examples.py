@@ -18,7 +18,12 @@ def test_there_are_examples():
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: os.path.relpath(p, ROOT))
 def test_example_loads_and_validates(path):
     cfg = load_config(path)
-    assert cfg.output_dir
+    assert cfg.output_dir.startswith("runs/") and len(cfg.output_dir) > len("runs/")
+
+
+def test_recipes_write_to_folders_of_their_own():
+    dirs = [load_config(path).output_dir for path in EXAMPLES]
+    assert len(set(dirs)) == len(dirs)
 
 
 def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):

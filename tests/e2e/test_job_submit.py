@@ -7,7 +7,7 @@ import pytest
 from rlhf.metrics import read_metrics
 
 
-# The job test's run is also the check of these options (one run less; each costs ~15 s of start-up).
+# The job test's run is also the check of these options (one run less: each run pays a whole start-up).
 OVERSAMPLED = ["algorithm.dynamic_sampling=true", "algorithm.oversample=1.5",
                "trainer.batch_size=256",  # = the rollout batch: one update, old log-probs from its forward
                "rollout.sync_channel=broadcast"]
@@ -80,7 +80,7 @@ def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
         assert "succeeded" in res.stdout
         assert [r["step"] for r in read_metrics(str(out))] == [0, 1, 2]
         check_oversampled_run(out, res.stdout)
-    finally:  # SIGKILL: on SIGTERM `ray start --block` waits ~30 s for its agents; the workers exit with the raylet
+    finally:  # SIGKILL: on SIGTERM `ray start --block` waits for its agents; the workers exit with the raylet
         os.killpg(head.pid, signal.SIGKILL)
         head.wait(timeout=60)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.foreign_checkpoint import build_foreign_model, train_elsewhere
+from tests.foreign import build_foreign_model, train_elsewhere
 from rlhf.config import DataConfig
 from rlhf.metrics import read_metrics
 from rlhf.tasks import make_rows

@@ -2,7 +2,7 @@
 writes <s> itself, with two eos ids), and the tiny model's ChatML. Every stage's ids come from here."""
 import pytest
 
-from benchmarks.foreign_checkpoint import build_foreign_model
+from tests.foreign import build_foreign_model
 from common.batch import pack_pairs
 from common.errors import UserError
 from rlhf.preference import tokenize_pairs

@@ -26,8 +26,8 @@ def test_level_2_weights_must_be_synced_before_generating():
 
 
 def test_a_second_rollout_round_wakes_what_the_first_put_to_sleep():
-    """Dynamic sampling generates several rounds; waking only the KV cache after a full sleep used to leave the
-    weights released, and vLLM then waits forever for them."""
+    """Dynamic sampling generates several rounds; waking only the KV cache after a full sleep would leave the
+    weights released, and vLLM would then wait forever for them."""
     s = SleepState(enabled=True, level=1)
     s.sleep()
     s.wake(["kv_cache"])

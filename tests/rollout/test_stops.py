@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks.foreign_checkpoint import build_foreign_model
+from tests.foreign import build_foreign_model
 from rollout.engine import SamplingConfig
 from rollout.render import PromptRenderer
 

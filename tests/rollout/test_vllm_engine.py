@@ -80,7 +80,7 @@ def assert_two_engines_generate(trainers, group, tok, prompts) -> None:
 @pytest.mark.slow
 def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
     """Colocated placement on 2 (logical) GPUs, ZeRO-3 trainer ranks and two engines (one set of processes for
-    both channels: each start costs ~10 CPU-seconds). First broadcast from rank 0 (the other rank only takes part
+    both channels: each start costs many CPU-seconds). First broadcast from rank 0 (the other rank only takes part
     in the gathers), in buckets small enough that tensors go in parts; then, formed again as after an engine
     restart, ipc: rank i feeds engine i through shared memory (CUDA IPC on a GPU). The engines track the trained
     weights over both, and no shared memory outlives them."""
@@ -183,7 +183,7 @@ def test_in_process_channel(ray_local, tiny_model_dir):
             stale, fresh = ray_get([worker.step_sync_and_diff.remote(batch, prompts, tok.pad_token_id)], 600,
                                    ["hybrid worker"])[0]
             assert stale > 1e-2 and fresh < 1e-3
-        # vLLM's sampler would compile its token-rank helper on the first generate (2.4 s of dynamo and inductor):
+        # vLLM's sampler would compile its token-rank helper on the first generate (dynamo and inductor):
         # on CPU the engine turns torch.compile off (rollout.vllm_engine.no_torch_compile), so nothing was compiled
         assert ray_get([worker.frames_compiled.remote()], 60, ["hybrid worker"])[0] == 0
     finally:
