@@ -76,7 +76,7 @@ def main() -> None:
     import ray  # after the auth settings: Ray reads them on import
     root = tempfile.mkdtemp(prefix="rlhf-startup-")
     model = build("1M", root)
-    # One mode after the other, not alternating: a local Ray starts ~3 s slower while another one runs.
+    # One mode after the other, not alternating: a local Ray starts slower while another one runs.
     runs: dict[tuple[str, str, str], list[dict]] = {}
 
     def launches(mode: str, env: dict) -> None:

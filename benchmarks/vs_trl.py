@@ -4,7 +4,7 @@
     python benchmarks/vs_trl.py --seed 1                 # another seed for both sides (the eval gain is noisy)
     python benchmarks/vs_trl.py --trl-threads 1 --ours 1x1   # one thread each
     python benchmarks/vs_trl.py --algo dpo
-    python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model, ~30 s a step
+    python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model (generation-heavy on CPU)
     python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
     python benchmarks/vs_trl.py --ours 2x2,2x2s1.5   # s1.5: algorithm.oversample=1.5 (informative groups kept)
     python benchmarks/vs_trl.py --ours 2x2,2x2h      # h: placement.mode=hybrid (each engine in its rank's process)
@@ -50,7 +50,7 @@ TRL_VENV = os.path.join(ROOT, ".cache", "trl-venv")
 MODEL_OVERRIDES = {"1M": [], "25M": ["model.tiny.hidden_size=512", "model.tiny.num_layers=6",
                                      "model.tiny.num_heads=8", "model.tiny.num_kv_heads=2",
                                      "model.tiny.intermediate_size=2048"]}
-SFT_STEPS = {"1M": 300, "25M": 150}  # 25M: ~3 s a step on one thread
+SFT_STEPS = {"1M": 300, "25M": 150}  # 25M: fewer, its steps are far slower
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
