@@ -239,11 +239,15 @@ class PolicyTrainer:
         return node_address()
 
     def open_sender(self, channel: str, host: str, port: int, plan: list[list[TensorSpec]], world_size: int = 0,
-                    engines: Optional[list[int]] = None) -> dict:
+                    engines: Optional[list[int]] = None, verify: bool = False) -> dict:
         """Join the trainer -> engines channel (rollout.sync.setup_sync) with the bucket plan every later sync
         uses. ipc: returns the staging-buffer handles of the engines this rank feeds."""
-        self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [])
+        self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [], verify=verify)
         return self._sender.handles()
+
+    def sync_fingerprints(self) -> dict:
+        """What the last sync sent from this rank, fingerprinted (with verification on; rollout.sync_check)."""
+        return self._sender.fingerprints
 
     def sender_opened(self) -> None:
         self._sender.opened()

@@ -131,6 +131,9 @@ class RolloutConfig:
     # seconds any one engine call may take (a generation, a weight sync) before the run stops naming the engine;
     # null = 600, and for a generation 0.05 s more per token its busiest engine may have to produce
     timeout_s: Optional[float] = None
+    # check every N-th weight sync: each engine received, bit for bit, what its trainer rank sent (both ends
+    # fingerprint every tensor, rollout.sync_check); a difference stops the run naming the tensor. 0 = off
+    verify_sync_every: int = 0
 
 
 @dataclass
@@ -352,6 +355,8 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         positive(key, value)
     if r.timeout_s is not None:
         positive("rollout.timeout_s", r.timeout_s)
+    if r.verify_sync_every < 0:
+        bad("rollout.verify_sync_every", r.verify_sync_every, "must be >= 0 (0 = off, N = every N-th sync)")
     if a.loss_norm_len is not None and a.loss_norm_len <= 0:
         bad("algorithm.loss_norm_len", a.loss_norm_len, "must be > 0 (seq-mean-token-sum-norm's constant), or null "
             "for rollout.max_new_tokens")

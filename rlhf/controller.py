@@ -64,6 +64,7 @@ class RLController:
             self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
         self.warn_at = logprob_diff_warn(cfg)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
+        self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
         # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
         # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
@@ -111,7 +112,8 @@ class RLController:
         from rollout.sync import setup_sync
         if self.channel != "adapter":
             self.channel = setup_sync(self.channel, self.policy.actors, self.rollout, self.plan,
-                                      self.cfg.rollout.sync_channel == "ipc")
+                                      self.cfg.rollout.sync_channel == "ipc",
+                                      verify=self.cfg.rollout.verify_sync_every > 0)
 
     def _engine_restarted(self, engine: int) -> None:
         """Ray restarted a dead engine with the weights it started with: bring it to the trainer's."""
@@ -146,6 +148,8 @@ class RLController:
                 metrics.update(self.critic.train_step(batch, a, deal))
         with t("sync"):
             self._sync_weights()
+        if self.verified:  # rollout.verify_sync_every: this step's sync was checked, tensor by tensor
+            metrics["rollout/sync_verified_tensors"], self.verified = float(self.verified), 0
         metrics.update(self._rollout_metrics(batch, rewards, samples))
         # sampled tokens per second of the rollout phase (the console's throughput figure)
         metrics["perf/rollout_tokens_per_s"] = batch["loss_mask"].sum().item() / max(t.times["time/rollout"], 1e-9)
@@ -166,6 +170,11 @@ class RLController:
             self.rollout.call("load_adapter", self.policy.export_adapter())
         else:
             sync_weights(self.policy.actors, self.rollout)
+            self.syncs += 1
+            every = self.cfg.rollout.verify_sync_every
+            if every and self.syncs % every == 0 and self.channel in ("ipc", "broadcast"):
+                from rollout.sync_check import verify_sync
+                self.verified = verify_sync(self.policy.actors, self.rollout, self.channel)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 

@@ -134,6 +134,10 @@ class HFEngine:
         """One sync over that channel, copied in as it arrives. Returns #tensors."""
         return self.update_weights(self._receiver.receive())
 
+    def sync_fingerprints(self) -> dict:
+        """What reached the model in the last sync, fingerprinted (with verification on; rollout.sync_check)."""
+        return self._receiver.fingerprints
+
     def sleep(self) -> None:
         pass
 

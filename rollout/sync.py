@@ -16,6 +16,7 @@ import torch
 from common.errors import UserError
 from common.remote import ray_get
 from rollout.ipc_sync import IpcReceiver, IpcSender, connect_store, feeding_rank
+from rollout.sync_check import recorded
 from rollout.weight_sync import SyncGroup, TensorSpec, receive_weights, send_weights
 
 
@@ -61,11 +62,11 @@ class WeightSender:
     """Trainer rank `rank`'s end: broadcast (rank 0 sends, the others only take part in ZeRO-3 gathers), ipc (a
     rank feeds `engines` through two shared staging buffers) or local (`local_engine`, in this process, is handed
     the tensors by reference). `send` always consumes the whole export iterator, since its gathers are collective
-    over the trainer ranks."""
+    over the trainer ranks. With `verify`, each sync's sent tensors are fingerprinted (rollout.sync_check)."""
 
     def __init__(self, channel: str, rank: int, host: str, port: int, plan: list[list[TensorSpec]],
-                 world_size: int = 0, engines: Iterable[int] = (), local_engine=None):
-        self.channel, self.plan = channel, plan
+                 world_size: int = 0, engines: Iterable[int] = (), local_engine=None, verify: bool = False):
+        self.channel, self.plan, self.verify, self.fingerprints = channel, plan, verify, {}
         self.group, self.ipc, self.local = None, None, local_engine
         if channel == "broadcast" and rank == 0:
             self.group = SyncGroup(host, port, 0, world_size)
@@ -85,6 +86,9 @@ class WeightSender:
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
         """Payload bytes sent (0 on a rank that feeds no engine)."""
+        self.fingerprints = {}
+        if self.verify and (self.group is not None or self.ipc is not None):
+            named = recorded(named, self.fingerprints)
         if self.group is not None:
             return send_weights(self.group, named, self.plan)
         if self.ipc is not None:
@@ -105,11 +109,11 @@ class WeightSender:
 
 class WeightReceiver:
     """An engine's end, built from a plain `endpoint` dict (it crosses vLLM's collective_rpc): channel, host, port,
-    plan, and broadcast: rank, world_size; ipc: src (feeding trainer rank), engine, handles."""
+    plan, and broadcast: rank, world_size; ipc: src (feeding trainer rank), engine, handles; optional verify."""
 
     def __init__(self, endpoint: dict):
         e = endpoint
-        self.plan = plan_from_plain(e["plan"])
+        self.plan, self.verify, self.fingerprints = plan_from_plain(e["plan"]), e.get("verify", False), {}
         if e["channel"] == "broadcast":
             self.group, self.ipc = SyncGroup(e["host"], e["port"], e["rank"], e["world_size"]), None
         else:
@@ -117,10 +121,11 @@ class WeightReceiver:
             self.group, self.ipc = None, IpcReceiver(store, e["src"], e["engine"], e["handles"])
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The named tensors of one sync, bucket by bucket as they arrive (in memory the consumer may keep)."""
-        if self.group is not None:
-            return receive_weights(self.group, self.plan)
-        return self.ipc.receive(self.plan)
+        """The named tensors of one sync, bucket by bucket as they arrive (in memory the consumer may keep);
+        fingerprinted as they pass when verifying."""
+        self.fingerprints = {}
+        named = receive_weights(self.group, self.plan) if self.group is not None else self.ipc.receive(self.plan)
+        return recorded(named, self.fingerprints) if self.verify else named
 
 
 # ---- the driver's side ----
@@ -142,10 +147,11 @@ def _trainer_roles(trainers: list) -> list[str]:
 
 
 def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]], strict: bool = False,
-               timeout_s: float = 300.0) -> str:
+               timeout_s: float = 300.0, verify: bool = False) -> str:
     """Form `channel` between the trainer ranks and every engine of `group` (a RolloutGroup), handing both ends the
     plan; returns the channel in use. An ipc engine on another node than its trainer rank is an error when ipc was
-    asked for (`strict`), else the run falls back to broadcast. Called again after an engine restart."""
+    asked for (`strict`), else the run falls back to broadcast. Called again after an engine restart. `verify`: both
+    ends fingerprint what passes (rollout.sync_check.verify_sync compares them)."""
     off_node = off_node_engines(trainers, group) if channel == "ipc" else []
     if off_node and strict:
         i = off_node[0]
@@ -160,20 +166,21 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
     host, port = ray_get([trainers[0].sync_address.remote()], timeout_s, roles[:1])[0]
     world, plain = len(trainers), plan_to_plain(plan)
     if channel == "broadcast":
-        refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines))
+        refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines), verify=verify)
                 for t in trainers]
         refs += [e.open_receiver.remote(dict(channel="broadcast", host=host, port=port, plan=plain, rank=i + 1,
-                                             world_size=1 + len(group.engines))) for i, e in enumerate(group.engines)]
+                                             world_size=1 + len(group.engines), verify=verify))
+                 for i, e in enumerate(group.engines)]
         ray_get(refs, timeout_s, roles + group.roles)
         return channel
     src = [feeding_rank(i, world) for i in range(len(group.engines))]
     handles: dict[int, list[bytes]] = {}
-    for h in ray_get([t.open_sender.remote("ipc", host, port, plan, engines=[i for i, s in enumerate(src) if s == r])
-                      for r, t in enumerate(trainers)], timeout_s, roles):
+    for h in ray_get([t.open_sender.remote("ipc", host, port, plan, engines=[i for i, s in enumerate(src) if s == r],
+                                           verify=verify) for r, t in enumerate(trainers)], timeout_s, roles):
         handles.update(h)
     try:
         ray_get([e.open_receiver.remote(dict(channel="ipc", host=host, port=port, plan=plain, src=src[i], engine=i,
-                                             handles=handles[i])) for i, e in enumerate(group.engines)],
+                                             handles=handles[i], verify=verify)) for i, e in enumerate(group.engines)],
                 timeout_s, group.roles)
     finally:
         ray_get([t.sender_opened.remote() for t in trainers], timeout_s, roles)

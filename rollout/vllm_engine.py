@@ -129,6 +129,10 @@ class VLLMEngine:
         self._reloaded()
         return n
 
+    def sync_fingerprints(self) -> dict:
+        """What reached vLLM's reload in the last sync, fingerprinted (with verification on; rollout.sync_check)."""
+        return self.llm.collective_rpc("rlhf_fingerprints")[0]
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """In-process channel. With the engine core in this process the iterator is streamed into vLLM's reload
         (tensors by reference, one at a time: a ZeRO-3 export is never held whole); across processes the tensors

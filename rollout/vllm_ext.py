@@ -18,6 +18,10 @@ class WeightSyncExtension:
         """One sync, streamed into the reload bucket by bucket. Returns #tensors."""
         return self._rlhf_reload(self._rlhf_receiver.receive())
 
+    def rlhf_fingerprints(self) -> dict:
+        """The last sync's received tensors, fingerprinted (with verification on): name -> [plain, weighted]."""
+        return {k: list(v) for k, v in self._rlhf_receiver.fingerprints.items()}
+
     def rlhf_load_tensors(self, named) -> int:
         """In-process channel: `named` is an iterable of (name, tensor), or safetensors bytes across processes."""
         if isinstance(named, (bytes, bytearray)):

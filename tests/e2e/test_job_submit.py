@@ -10,12 +10,13 @@ from rlhf.metrics import read_metrics
 # The job test's run is also the check of these options (one run less: each run pays a whole start-up).
 OVERSAMPLED = ["algorithm.dynamic_sampling=true", "algorithm.oversample=1.5",
                "trainer.batch_size=256",  # = the rollout batch: one update, old log-probs from its forward
-               "rollout.sync_channel=broadcast"]
+               "rollout.sync_channel=broadcast",
+               "rollout.verify_sync_every=1"]  # every sync checked through vLLM's worker: a difference exits 3
 
 
 def check_oversampled_run(out, stdout: str) -> None:
     """48 prompts a round (oversample 1.5) for 32 groups a step, further rounds while fewer than 32 have signal;
-    the start-up breakdown logged with step 0 and printed."""
+    the start-up breakdown logged with step 0 and printed; every weight sync verified through vLLM's worker."""
     assert "weight sync: broadcast" in stdout
     first, *rows = read_metrics(str(out))
     launch = first["time/start_since_launch"]
@@ -26,6 +27,7 @@ def check_oversampled_run(out, stdout: str) -> None:
         generated = 48 * r["rollout/fill_rounds"]  # every group with signal is kept, up to 32
         assert r["rollout/kept_group_frac"] == pytest.approx(min(1.0, r["rollout/informative_frac"] * generated / 32))
         assert r["rollout/logprob_diff"] < 1e-3
+        assert r["rollout/sync_verified_tensors"] > 10  # every sync checked, each tensor of the model
 
 
 def _free_port() -> int:
