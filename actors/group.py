@@ -112,10 +112,19 @@ class Replicas:
     def ready(self) -> None:
         ray_get([a.__ray_ready__.remote() for a in self.actors], self.timeout_s, self.roles)
 
-    def map(self, method: str, batch: Batch) -> torch.Tensor:
-        """`method(rows)` on each copy's share of the batch's rows, results concatenated along dim 0."""
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """ReferenceModel copies: (B, L-1) log-probs of the batch's rows."""
+        return self._map(lambda a, rows: a.compute_logprobs.remote(rows), batch)
+
+    def score(self, batch: Batch) -> torch.Tensor:
+        """RewardModel copies: (B,) one score a row."""
+        return self._map(lambda a, rows: a.score.remote(rows), batch)
+
+    def _map(self, call: Callable, batch: Batch) -> torch.Tensor:
+        """`call(copy, rows)` -> ObjectRef on each copy's share of the batch's rows, results concatenated along
+        dim 0."""
         spans = even_spans(len(next(iter(batch.values()))), len(self.actors))
-        refs = [getattr(self.actors[i], method).remote({k: v[lo:hi] for k, v in batch.items()}) for i, lo, hi in spans]
+        refs = [call(self.actors[i], {k: v[lo:hi] for k, v in batch.items()}) for i, lo, hi in spans]
         return torch.cat(ray_get(refs, self.timeout_s, [self.roles[i] for i, _, _ in spans]))
 
     def kill(self) -> None:

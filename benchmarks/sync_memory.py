@@ -80,7 +80,7 @@ def main() -> None:
     else:
         setup_sync("broadcast", [trainer], group, plan)
         sync = lambda: sync_weights([trainer], group)  # noqa: E731
-    pids = group.call("process_ids")[0]
+    pids = group.process_ids()[0]
     sync()  # warm-up: first-touch allocations are not the steady state
     time.sleep(1.0)
     rises, rest = [], rss(pids)

@@ -12,11 +12,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-from algorithms.advantages import choose_groups, informative_groups
+from algorithms.advantages import informative_groups
 from algorithms.common import masked_mean
 from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
@@ -29,6 +29,7 @@ from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point
 from rlhf.metrics import MetricsLogger, RolloutDumps, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
+from rlhf.rounds import EngineMemory, Round, select_groups
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score_rows
@@ -131,7 +132,7 @@ class RLController:
             if not self.fused_old_logprobs:
                 batch["old_logprobs"] = self.policy.compute_logprobs(batch)
             if self.reference is not None:
-                batch["ref_logprobs"] = self.reference.map("compute_logprobs", batch)
+                batch["ref_logprobs"] = self.reference.compute_logprobs(batch)
             elif self.lora_reference:
                 batch["ref_logprobs"] = self.policy.compute_ref_logprobs(batch)
             if self.critic is not None:
@@ -165,9 +166,9 @@ class RLController:
     def _push_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
         from rollout.sync import sync_weights
-        self.rollout.call("wake_up", ["weights"])
+        self.rollout.wake_up(["weights"])
         if self.channel == "adapter":
-            self.rollout.call("load_adapter", self.policy.export_adapter())
+            self.rollout.load_adapter(self.policy.export_adapter())
         else:
             sync_weights(self.policy.actors, self.rollout)
             self.syncs += 1
@@ -179,60 +180,54 @@ class RLController:
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
     def _collect(self, step: int, t: PhaseTimer):
-        """Generate and score `prompts_per_step` groups. Each round generates `self.per_round` groups
-        (algorithm.oversample x prompts_per_step); when that is more, or with algorithm.dynamic_sampling (DAPO,
-        Yu et al. 2025: further rounds until enough groups have signal), the step trains on the groups whose rewards
-        are not all equal (an all-equal group has zero advantage), topped up with all-equal ones if too few."""
-        a, n, want = self.cfg.algorithm, self.cfg.rollout.n_samples, self.cfg.rollout.prompts_per_step
-        if self.cfg.trainer.offload:  # GPU colocation: the engines get the memory; trainers reload on next use
+        """Generate and score `prompts_per_step` groups: (samples, batch, rewards, metrics). Each round generates
+        `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
+        algorithm.dynamic_sampling (DAPO, Yu et al. 2025: further rounds until enough groups have signal), the step
+        trains on the groups whose rewards are not all equal (an all-equal group has zero advantage), topped up
+        with all-equal ones if too few."""
+        a, want = self.cfg.algorithm, self.cfg.rollout.prompts_per_step
+        self._offload_trainers(t)
+        selecting = a.dynamic_sampling or self.per_round > want
+        with EngineMemory(self.rollout, asleep_between_steps=not self.cfg.rollout.overlap) as engines:
+            if not selecting:  # the engines free the GPU for the reward and reference models as soon as they are done
+                r = self._round(step, 0, t, done_generating=engines.release)
+                return r.samples, r.batch, r.scores, r.metrics
+            rounds = []
+            for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
+                rounds.append(self._round(step, attempt, t))
+                if sum(int(informative_groups(r.scores, self.cfg.rollout.n_samples).sum()) for r in rounds) >= want:
+                    break
+        # (asleep only now, not between rounds: a level-2 sleep discards the weights, and only a sync restores them)
+        return select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
+
+    def _offload_trainers(self, t: PhaseTimer) -> None:
+        """trainer.offload (GPU colocation): the engines get the memory; the trainers reload on their next call."""
+        if self.cfg.trainer.offload:
             with t("offload"):
                 for group in (self.policy, self.critic):
                     if group is not None:
                         group.offload()
-        selecting = a.dynamic_sampling or self.per_round > want
-        overlap, metrics = self.cfg.rollout.overlap, {}
-        if not overlap:  # GPU colocation: the engines sleep while others run; awake for every round of this step
-            self.rollout.call("wake_up")
-        groups, rewards, signal = [], [], []
-        for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
-            with t("rollout"):
-                rows, samples, metrics = self._overlapped(step) if overlap else (*self._generate(step, attempt), {})
-            if not selecting:  # free the GPU for the reward and reference models; when selecting, see below
-                self._sleep_engines()
-            batch = samples_to_batch(samples, self.renderer.pad_id)
-            with t("reward"):
-                scores, scored = self._score(rows, samples, batch)
-                metrics.update(scored)
-            if attempt == 0:
-                self.dumps.write(step, rows, samples, scores, self.renderer)
-            if not selecting:
-                return samples, batch, scores, metrics
-            groups += [samples[g * n:(g + 1) * n] for g in range(len(samples) // n)]
-            rewards.append(scores.view(-1, n))
-            signal.append(informative_groups(scores, n))
-            if sum(int(s.sum()) for s in signal) >= want:
-                break
-        # Not between rounds: a level-2 sleep discards the weights, and only a sync brings them back.
-        self._sleep_engines()
-        signal = torch.cat(signal)
-        chosen = choose_groups(signal, want).tolist()
-        samples = [replace(s, prompt_index=i) for i, g in enumerate(chosen) for s in groups[g]]
-        metrics.update({"rollout/kept_group_frac": min(int(signal.sum()), want) / want,
-                        "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": attempt + 1})
-        return samples, samples_to_batch(samples, self.renderer.pad_id), torch.cat(rewards)[chosen].flatten(), \
-            metrics
 
-    def _sleep_engines(self) -> None:
-        """Once a step's rollout rounds are done (never under overlap: a generation is still in flight)."""
-        if not self.cfg.rollout.overlap:
-            self.rollout.call("sleep")
+    def _round(self, step: int, attempt: int, t: PhaseTimer, done_generating: Callable[[], None] = lambda: None):
+        """One rollout round: generate (or take the overlapped generation), then score; the first is dumped."""
+        with t("rollout"):
+            rows, samples, metrics = self._overlapped(step) if self.cfg.rollout.overlap else \
+                self._generate(step, attempt)
+        done_generating()
+        batch = samples_to_batch(samples, self.renderer.pad_id)
+        with t("reward"):
+            scores, scored = self._score(rows, samples, batch)
+        if attempt == 0:
+            self.dumps.write(step, rows, samples, scores, self.renderer)
+        return Round(rows, samples, batch, scores, {**metrics, **scored})
 
     def _generate(self, step: int, attempt: int = 0):
+        """(rows, samples, metrics) of a rollout generated now, as `_overlapped` returns them."""
         if self.trajectories is not None:  # whole multi-turn trajectories (their stop ids: the runner's)
             rows = self.prompts.next()
-            return rows, self.trajectories.run(rows, self._sampling(step, attempt, ()))
+            return rows, self.trajectories.run(rows, self._sampling(step, attempt, ())), {}
         rows, submitted = self._submit(step, attempt)
-        return rows, self.rollout.collect(submitted)
+        return rows, self.rollout.collect(submitted), {}
 
     def _submit(self, step: int, attempt: int = 0):
         rows = self.prompts.next()
@@ -277,7 +272,7 @@ class RLController:
         if self.reward_model is None:
             return task, {}
         rm = {k: batch[k] for k in ("input_ids", "attention_mask")}
-        return self.reward_model.map("score", rm), {
+        return self.reward_model.score(rm), {
             "rollout/task_reward_mean": task.mean().item()}
 
     def _advantages(self, batch, rewards: torch.Tensor) -> None:
@@ -313,7 +308,7 @@ class RLController:
 
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:
-        self.rollout.call("wake_up", ["kv_cache"])
+        self.rollout.wake_up(["kv_cache"])
         if self.trajectories is not None:
             return evaluate_env(self.trajectories, self.eval_rows, self.cfg.eval)
         return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)

@@ -69,7 +69,7 @@ class RolloutGroup:
         return cls(engines, timeout_s)
 
     def ready(self) -> None:
-        self.call("__ray_ready__")
+        self._each(lambda e: e.__ray_ready__.remote())
 
     def deadline(self, prompts: int, sampling: SamplingConfig) -> float:
         """Seconds a generation of `prompts` may take: rollout.timeout_s when set, else scaled by the tokens the
@@ -79,16 +79,38 @@ class RolloutGroup:
         rows = -(-prompts // len(self.engines)) * sampling.n
         return BASE_TIMEOUT_S + S_PER_TOKEN * rows * sampling.max_new_tokens
 
-    def call(self, method: str, *args, **kwargs) -> list:
-        """`method` on every engine (it must be safe to repeat on an engine that was restarted)."""
-        refs = [getattr(e, method).remote(*args, **kwargs) for e in self.engines]
+    # ---- on every engine; each call must be safe to repeat on an engine that was restarted ----
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Colocated on GPUs: the engines take their memory back (`tags`: only "weights" or "kv_cache")."""
+        self._each(lambda e: e.wake_up.remote(tags))
+
+    def sleep(self) -> None:
+        """Colocated on GPUs: the engines free their memory for the other roles (rollout.sleep)."""
+        self._each(lambda e: e.sleep.remote())
+
+    def load_adapter(self, files: dict[str, bytes]) -> None:
+        """LoRA adapter sync: the PEFT adapter's files, which each engine applies to its base model."""
+        self._each(lambda e: e.load_adapter.remote(files))
+
+    def update_weights(self, named: list) -> None:
+        """Full weights through the driver (tests and small models; runs sync with rollout.sync)."""
+        self._each(lambda e: e.update_weights.remote(named))
+
+    def process_ids(self) -> list[list[int]]:
+        """Per engine, the pids of its processes (its actor's, then its engine core's when that is separate)."""
+        return self._each(lambda e: e.process_ids.remote())
+
+    def _each(self, call: Callable) -> list:
+        """`call(engine)` -> ObjectRef on every engine, waited for together; a dead engine is restarted and called
+        again."""
+        refs = [call(e) for e in self.engines]
         lives = dict(enumerate(self.lives))
         while True:
             try:
                 return ray_get(refs, self.timeout_s or BASE_TIMEOUT_S, self.roles, TIMEOUT_HINT)
             except WorkerDied as e:
                 i = self._restart(e, lives)
-                refs[i], lives[i] = getattr(self.engines[i], method).remote(*args, **kwargs), self.lives[i]
+                refs[i], lives[i] = call(self.engines[i]), self.lives[i]
 
     def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
         return self.collect(self.submit(prompt_ids, sampling))
@@ -151,7 +173,7 @@ class RolloutGroup:
         import ray
         self.on_restart = None
         try:
-            self.call("shutdown")
+            self._each(lambda e: e.shutdown.remote())
         finally:
             for e in self.engines:
                 ray.kill(e)

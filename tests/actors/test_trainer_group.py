@@ -76,7 +76,7 @@ def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
     copies = Replicas(ReferenceModel, "reference model", [{}, {}], tiny_model_dir)
     try:
         copies.ready()
-        split = copies.map("compute_logprobs", batch)
+        split = copies.compute_logprobs(batch)
     finally:
         copies.kill()
     whole = ReferenceModel(tiny_model_dir).compute_logprobs(batch)

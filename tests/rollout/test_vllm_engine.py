@@ -141,7 +141,7 @@ def test_lora_adapter_channel_keeps_the_engine_on_the_trainers_adapter(ray_local
             assert stale > 1e-2  # the engine still applies the previous adapter (or none)
             files = ray_get([trainer.export_adapter.remote()], 60, ["trainer"])[0]
             assert "adapter_model.safetensors" in files and sum(map(len, files.values())) < 1 << 20
-            group.call("load_adapter", files)
+            group.load_adapter(files)
             assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
     finally:
         group.shutdown()
@@ -210,7 +210,7 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
 
     shm_before = set(os.listdir("/dev/shm"))
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, **ENGINE))
-    pids = group.call("process_ids")[0]
+    pids = group.process_ids()[0]
     assert len(pids) >= 2  # the actor and its engine-core child
     # the engine froze the actor's heap only while vLLM started (its engine core, which freezes its own, is the child)
     assert ray_get([group.engines[0].__ray_call__.remote(lambda _self: __import__("gc").get_freeze_count())], 60,
@@ -221,7 +221,7 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    group.call("update_weights", list(model.state_dict().items()))  # crosses processes as safetensors bytes
+    group.update_weights(list(model.state_dict().items()))  # crosses processes as safetensors bytes
     samples = group.generate([[5, 6, 7, 8]], SAMPLING)
     batch = samples_to_batch(samples, 0)
     with torch.no_grad():

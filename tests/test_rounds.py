@@ -1,0 +1,49 @@
+"""The rollout phase's parts: the engines' memory over a step's rounds, and the choice of groups across rounds."""
+import torch
+
+from rlhf.rounds import EngineMemory, Round, select_groups
+from rollout.engine import Sample
+
+
+class Engines:
+    """Records what the controller asks of the engines' memory."""
+
+    def __init__(self):
+        self.calls = []
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+
+def test_engines_wake_once_and_sleep_once_as_soon_as_released():
+    engines = Engines()
+    with EngineMemory(engines, asleep_between_steps=True) as memory:
+        memory.release()
+        memory.release()
+    assert engines.calls == ["wake_up", "sleep"]
+    with EngineMemory(engines, asleep_between_steps=True):
+        pass
+    assert engines.calls == ["wake_up", "sleep"] * 2
+    overlapped = Engines()  # rollout.overlap: a generation is always in flight, so they never sleep
+    with EngineMemory(overlapped, asleep_between_steps=False) as memory:
+        memory.release()
+    assert overlapped.calls == []
+
+
+def _round(rewards: list[float], first_prompt: int) -> Round:
+    samples = [Sample(i // 2, [1], [first_prompt + i // 2], [0.0], "stop") for i in range(len(rewards))]
+    return Round([], samples, {}, torch.tensor(rewards), {"rollout/reward_mean": sum(rewards) / len(rewards)})
+
+
+def test_groups_with_signal_are_chosen_across_rounds_and_renumbered():
+    first = _round([1.0, 1.0, 0.0, 1.0], first_prompt=10)  # groups of 2: all-equal, then signal
+    second = _round([0.0, 1.0, 0.0, 0.0], first_prompt=20)  # signal, then all-equal
+    samples, batch, rewards, metrics = select_groups([first, second], want=2, n=2, pad_id=0)
+    assert [s.completion_ids[0] for s in samples] == [11, 11, 20, 20]  # the two groups with signal, in order
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
+    assert rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and batch["input_ids"].shape[0] == 4
+    assert metrics["rollout/kept_group_frac"] == 1.0 and metrics["rollout/informative_frac"] == 0.5
+    assert metrics["rollout/fill_rounds"] == 2 and metrics["rollout/reward_mean"] == 0.25  # the last round's
