@@ -53,8 +53,8 @@ class Critic:
     def value_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """`algorithm.ppo_epochs` passes of the clipped value loss; rows hold old_values and returns (B, L-1)."""
         def loss_fn(mb: Batch, out, normalizer: float):
-            return value_loss(_values(mb, out), mb["old_values"], mb["returns"], mb["loss_mask"], algo.value_clip,
-                              normalizer)
+            return value_loss(_values(mb, out), mb["old_values"], mb["returns"], mb["loss_mask"],
+                              clip=algo.value_clip, normalizer=normalizer)
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, "token-mean")
         metrics["critic/loss"] = metrics.pop("loss")
         metrics["critic/grad_norm"] = metrics.pop("train/grad_norm")

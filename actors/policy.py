@@ -23,7 +23,7 @@ from common.dtypes import DTYPES
 from common.net import node_address
 from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
 from rollout.sync import WeightSender, drain
-from rollout.weight_sync import TensorSpec, spec_of
+from rollout.sync.buckets import TensorSpec, spec_of
 
 
 def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
@@ -93,13 +93,14 @@ class PolicyTrainer:
             old = logp.detach() if fused else mb["old_logprobs"]
             if fused:
                 kept.append((mb["row"].cpu(), old.cpu()))
-            loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], algo.clip_low, algo.clip_high,
-                                  algo.dual_clip, mb.get("rollout_logprobs"), algo.tis_cap, algo.loss_agg, normalizer,
-                                  algo.loss_norm_len)
+            loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], clip_low=algo.clip_low,
+                                  clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+                                  rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
+                                  agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len)
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
-                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg, normalizer,
-                                                            algo.loss_norm_len)
+                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg,
+                                                            normalizer=normalizer, max_len=algo.loss_norm_len)
                 m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
             m["policy/entropy"] = masked_mean(entropy, mb["loss_mask"])
             return loss, m
@@ -121,8 +122,9 @@ class PolicyTrainer:
             logps = sequence_logprobs(_shifted_logprobs(mb, out), mb["loss_mask"])
             ref = mb["ref_logps"]
             tokens = mb["loss_mask"].sum(-1)
-            loss, m = dpo_loss(logps[0::2], logps[1::2], ref[0::2], ref[1::2], algo.beta, algo.dpo_loss,
-                               algo.label_smoothing, tokens[0::2], tokens[1::2])
+            loss, m = dpo_loss(logps[0::2], logps[1::2], ref[0::2], ref[1::2], beta=algo.beta,
+                               loss_type=algo.dpo_loss, label_smoothing=algo.label_smoothing,
+                               chosen_tokens=tokens[0::2], rejected_tokens=tokens[1::2])
             if algo.dpo_nll_coef > 0:  # keeps the chosen answer likely; plain DPO may lower both sides
                 nll = (-logps[0::2] / mb["loss_mask"][0::2].sum(-1).clamp(min=1)).mean()
                 loss = loss + algo.dpo_nll_coef * nll
@@ -246,7 +248,7 @@ class PolicyTrainer:
         return self._sender.handles()
 
     def sync_fingerprints(self) -> dict:
-        """What the last sync sent from this rank, fingerprinted (with verification on; rollout.sync_check)."""
+        """What the last sync sent from this rank, fingerprinted (with verification on; rollout.sync.check)."""
         return self._sender.fingerprints
 
     def sender_opened(self) -> None:

@@ -149,7 +149,7 @@ def ipc_row(path: str, args) -> dict:
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync
     from rollout.hf_engine import HFEngine
-    from rollout.weight_sync import bucket_nbytes, plan_buckets
+    from rollout.sync.buckets import bucket_nbytes, plan_buckets
 
     placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
@@ -185,7 +185,7 @@ def hybrid_row(path: str, args) -> dict:
     from rollout.group import RolloutGroup
     from rollout.hf_engine import HFEngine
     from rollout.sync import setup_sync
-    from rollout.weight_sync import plan_buckets
+    from rollout.sync.buckets import plan_buckets
 
     placement = Placement("hybrid", 1 if torch.cuda.is_available() else 0, {"policy": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
@@ -214,7 +214,7 @@ def _nccl_sync_group(timeout_s: float) -> bool:
     import torch
 
     from common.net import free_port
-    from rollout.weight_sync import SyncGroup
+    from rollout.sync.broadcast import SyncGroup
     group = SyncGroup("127.0.0.1", free_port(), 0, 1, timeout_s=timeout_s)
     buf = torch.arange(8, dtype=torch.uint8, device=group.device or "cpu")
     group.broadcast(buf)

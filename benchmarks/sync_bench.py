@@ -41,7 +41,7 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
-    from rollout.weight_sync import plan_buckets
+    from rollout.sync.buckets import plan_buckets
 
     path = build(size)
     engine_kwargs = dict(model_path=path, max_model_len=128, kv_cache_mb=16)

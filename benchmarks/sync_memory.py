@@ -65,7 +65,7 @@ def main() -> None:
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
-    from rollout.weight_sync import plan_buckets
+    from rollout.sync.buckets import plan_buckets
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})

@@ -132,7 +132,7 @@ class RolloutConfig:
     # null = 600, and for a generation 0.05 s more per token its busiest engine may have to produce
     timeout_s: Optional[float] = None
     # check every N-th weight sync: each engine received, bit for bit, what its trainer rank sent (both ends
-    # fingerprint every tensor, rollout.sync_check); a difference stops the run naming the tensor. 0 = off
+    # fingerprint every tensor, rollout.sync.check); a difference stops the run naming the tensor. 0 = off
     verify_sync_every: int = 0
 
 

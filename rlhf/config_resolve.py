@@ -1,6 +1,6 @@
 """The run as it will run: every key whose null default depends on the machine or on other keys, filled in once,
 after validation (`rlhf.run`), so `--print-config` and the run's saved `config.yaml` show what ran, not `null`.
-The rules themselves stay where they are used (rlhf.placement, rlhf.workers, rlhf.config)."""
+The rules themselves stay where they are used (rlhf.placement, rlhf.startup, rlhf.config)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,7 +11,7 @@ from rlhf.config import RunConfig, logprob_diff_warn
 def resolved(cfg: RunConfig) -> RunConfig:
     from algorithms.estimators import estimator
     from rlhf.placement import cpu_threads, multiprocess_engine, reference_ranks, seed_per_prompt
-    from rlhf.workers import busy_at_once, role_ranks
+    from rlhf.startup import busy_at_once, role_ranks
 
     r, pl, a = cfg.rollout, cfg.placement, cfg.algorithm
     hybrid = pl.mode == "hybrid"  # the engine core stays in the rank's process

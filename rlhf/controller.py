@@ -89,9 +89,9 @@ class RLController:
         self.logger.console(startup_line(self.startup))
 
     def _start_workers(self) -> None:
-        from rlhf.workers import start_workers
+        from rlhf.startup import start_workers
         from rollout.sync import sync_channel
-        from rollout.weight_sync import plan_buckets
+        from rollout.sync.buckets import plan_buckets
 
         cfg, r = self.cfg, self.cfg.rollout
         w = start_workers(cfg, self.model_path, self.estimator.needs_critic)
@@ -174,7 +174,7 @@ class RLController:
             self.syncs += 1
             every = self.cfg.rollout.verify_sync_every
             if every and self.syncs % every == 0 and self.channel in ("ipc", "broadcast"):
-                from rollout.sync_check import verify_sync
+                from rollout.sync.check import verify_sync
                 self.verified = verify_sync(self.policy.actors, self.rollout, self.channel)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups

@@ -135,7 +135,7 @@ class HFEngine:
         return self.update_weights(self._receiver.receive())
 
     def sync_fingerprints(self) -> dict:
-        """What reached the model in the last sync, fingerprinted (with verification on; rollout.sync_check)."""
+        """What reached the model in the last sync, fingerprinted (with verification on; rollout.sync.check)."""
         return self._receiver.fingerprints
 
     def sleep(self) -> None:

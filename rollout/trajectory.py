@@ -5,8 +5,8 @@ observation rendered by the chat template as the next user/tool turn (`PromptRen
 sampled ids are trained on and each has the engine's log-prob. A turn cut by `max_new_tokens` still goes to
 the environment (its observation then opens with the turn-closing token the model did not write). Trajectories
 advance independently: whenever some are ready for their next turn they go to the engines as one call, while the
-environments of those whose turn just ended step on worker threads. No turn-synchronous barrier: a slow environment delays only its own trajectory
-(`barrier=True` runs turn by turn instead, for the benchmark). Limits: `env.max_turns`; the context (a trajectory
+environments of those whose turn just ended step on worker threads. No turn-synchronous barrier: a slow environment
+delays only its own trajectory (`barrier=True` runs turn by turn instead, for the benchmark). Limits: `env.max_turns`; the context (a trajectory
 whose next turn would not fit `max_model_len` ends, finish_reason "length"); `env.timeout_s` per reset or step (a
 hung or raising environment ends its trajectory with reward 0 and is counted, never the run).
 

@@ -130,7 +130,7 @@ class VLLMEngine:
         return n
 
     def sync_fingerprints(self) -> dict:
-        """What reached vLLM's reload in the last sync, fingerprinted (with verification on; rollout.sync_check)."""
+        """What reached vLLM's reload in the last sync, fingerprinted (with verification on; rollout.sync.check)."""
         return self.llm.collective_rpc("rlhf_fingerprints")[0]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -26,7 +26,7 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from rollout.sync import sync_channel
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
-    from rollout.weight_sync import plan_buckets
+    from rollout.sync.buckets import plan_buckets
     from tests.rollout.test_vllm_engine import ENGINE, SAMPLING, prompts_and_batches, remote_diff
 
     ray.shutdown()  # the session's instance (tests.conftest.session_ray): this test needs its own cluster
@@ -41,7 +41,8 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
         trainer = make_actor(PolicyTrainer, "policy trainer 0", {"resources": {"a": 0.5}}, tiny_model_dir, tr)
         group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), [{"resources": {"b": 0.5}}])
         node = lambda _self: ray.get_runtime_context().get_node_id()  # noqa: E731
-        assert ray_get([trainer.__ray_call__.remote(node)], 60, ["trainer"]) != ray_get([e.__ray_call__.remote(node) for e in group.engines], 60, group.roles)
+        engine_nodes = ray_get([e.__ray_call__.remote(node) for e in group.engines], 60, group.roles)
+        assert ray_get([trainer.__ray_call__.remote(node)], 60, ["trainer"]) != engine_nodes
         plan = plan_buckets(ray_get([trainer.weight_specs.remote()], 60, ["trainer"])[0], 256 << 10)
         with pytest.raises(UserError, match="another node than policy trainer 0"):
             setup_sync("ipc", [trainer], group, plan, strict=True)

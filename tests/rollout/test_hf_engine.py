@@ -51,7 +51,7 @@ def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_mode
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
-    from rollout.weight_sync import plan_buckets
+    from rollout.sync.buckets import plan_buckets
     from tests.rollout.test_vllm_engine import SAMPLING, prompts_and_batches, remote_diff
 
     tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=2)

@@ -15,7 +15,7 @@ from rollout.engine import SamplingConfig
 from rollout.group import RolloutGroup
 from rollout.sync import setup_sync, sync_weights
 from rollout.render import PromptRenderer
-from rollout.weight_sync import plan_buckets
+from rollout.sync.buckets import plan_buckets
 
 T = 300
 ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)

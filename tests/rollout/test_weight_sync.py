@@ -6,8 +6,9 @@ import torch
 import torch.multiprocessing as mp
 
 from common.net import free_port
-from rollout.weight_sync import (SyncGroup, TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, pack_bucket,
-                                 plan_buckets, receive_weights, send_weights, spec_of, unpack_bucket)
+from rollout.sync.buckets import (TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, pack_bucket,
+                                   plan_buckets, spec_of, unpack_bucket)
+from rollout.sync.broadcast import SyncGroup, receive_weights, send_weights
 
 
 def specs(*sizes):
@@ -65,7 +66,7 @@ def test_broadcast_reaches_every_receiver():
 
 
 def _ipc_trainer(port, plan, syncs, handles_q, out):
-    from rollout.ipc_sync import IpcSender, connect_store
+    from rollout.sync.ipc import IpcSender, connect_store
     sender = IpcSender(connect_store("127.0.0.1", port, is_master=True, timeout_s=60), 0, [1, 2], plan)
     handles_q.put(sender.handles())
     sender.store.wait(["opened/1", "opened/2"])
@@ -77,7 +78,7 @@ def _ipc_trainer(port, plan, syncs, handles_q, out):
 
 
 def _ipc_engine(engine, port, plan, n_syncs, handles_q, out):
-    from rollout.ipc_sync import IpcReceiver, connect_store
+    from rollout.sync.ipc import IpcReceiver, connect_store
     receiver = IpcReceiver(connect_store("127.0.0.1", port, is_master=False, timeout_s=60), 0, engine,
                            handles_q.get(timeout=60))
     receiver.store.set(f"opened/{engine}", b"1")
@@ -126,7 +127,7 @@ def test_a_cuda_handle_from_another_gpu_is_refused():
 
     import pytest
 
-    from rollout.ipc_sync import open_shared
+    from rollout.sync.ipc import open_shared
 
     handle = pickle.dumps(("cuda", 0, "GPU-aaaa", b"never unpickled"))
     with pytest.raises(RuntimeError, match="GPU 0 = GPU-aaaa, but GPU 0 in this engine is GPU-bbbb"):

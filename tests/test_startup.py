@@ -4,7 +4,7 @@ at once."""
 import pytest
 
 from rlhf.config import load_config
-from rlhf.workers import role_ranks, start_workers
+from rlhf.startup import role_ranks, start_workers
 
 
 def test_roles_follow_the_config():

@@ -43,7 +43,7 @@ def verify_sync(trainers: list, group, channel: str, timeout_s: float = 600.0) -
     under broadcast), bit for bit. Returns the tensors checked; a difference stops the run (TrainingStopped) naming
     the engine and the first tensor."""
     from common.remote import ray_get
-    from rollout.ipc_sync import feeding_rank
+    from rollout.sync.ipc import feeding_rank
 
     roles = [f"policy trainer {r}" for r in range(len(trainers))]
     sent = ray_get([t.sync_fingerprints.remote() for t in trainers], timeout_s, roles)

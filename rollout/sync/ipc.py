@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
-from rollout.weight_sync import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, unpack_bucket
+from rollout.sync.buckets import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, unpack_bucket
 
 
 def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[str]]:

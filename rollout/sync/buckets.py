@@ -1,19 +1,12 @@
-"""The bucket format of a weight sync, and the `broadcast` channel's process group.
-
-- Buckets: the trainer's parameters in export order, grouped into size-bounded byte buffers (`plan_buckets`,
-  `pack_bucket`/`unpack_bucket`); `bucket_tensors` (sender) and `bucket_contents` (receiver) walk a plan.
-- `broadcast`: trainer rank 0 and every engine join a dedicated process group (gloo on CPU, NCCL on GPU) that is
-  independent of the trainer's own group. The engine side is a generator, so vLLM's one `reload_weights` call
-  consumes buckets as they arrive.
-
-The plan (names, shapes, dtypes) is computed once from the trainer's parameter list and handed to both ends at
-set-up (rollout.sync), so no per-tensor RPC is needed. A tensor larger than a bucket (a 7B model's 1 GB embedding) is
-cut into byte parts across consecutive buckets, so every staging buffer stays within `sync_bucket_mb`; the receiver
+"""The bucket format of a weight sync: the trainer's parameters in export order, grouped into size-bounded byte
+buffers (`plan_buckets`, `pack_bucket`/`unpack_bucket`); `bucket_tensors` (sender) and `bucket_contents` (receiver)
+walk a plan. The plan (names, shapes, dtypes) is computed once from the trainer's parameter list and handed to both
+ends at set-up, so no per-tensor RPC is needed. A tensor larger than a bucket (a 7B model's 1 GB embedding) is cut
+into byte parts across consecutive buckets, so every staging buffer stays within `sync_bucket_mb`; the receiver
 joins the parts.
 """
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator, Optional
 
@@ -140,48 +133,11 @@ def unpack_bucket(buf: torch.Tensor, specs: list[TensorSpec]) -> list[tuple[str,
     return out
 
 
-class SyncGroup:
-    """A standalone process group: rank 0 is the trainer's rank 0, ranks 1..N the engines. Not the default group,
-    so it coexists with DeepSpeed's group in the trainer and vLLM's inside the engines."""
-
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0):
-        import torch.distributed as dist
-
-        timeout = datetime.timedelta(seconds=timeout_s)
-        self.rank, self.world_size = rank, world_size
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        if self.device is not None:  # torch's own new_group builds its NCCL options this way (distributed_c10d)
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout  # else NCCL's 10-minute default, whatever timeout_s says
-            self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
-        else:
-            self.pg = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        import torch.distributed as dist
-
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        self.pg.broadcast([tensor], opts).wait()
+def plan_to_plain(plan: list[list[TensorSpec]]) -> list:
+    """Lists and strings only: what vLLM's collective_rpc carries to a multiprocess engine core unchanged."""
+    return [[[s.name, list(s.shape), s.dtype, list(s.part) if s.part else None] for s in bucket] for bucket in plan]
 
 
-def send_weights(group: SyncGroup, named: Iterable[tuple[str, torch.Tensor]], plan: list[list[TensorSpec]]) -> int:
-    """Trainer rank 0: broadcast every bucket of the plan, taking tensors from `named` in plan order. Returns the
-    payload bytes (without padding)."""
-    sent = 0
-    for bucket, tensors in bucket_tensors(named, plan):
-        group.broadcast(pack_bucket([t.to(group.device) if group.device is not None else t for t in tensors]))
-        sent += sum(s.nbytes for s in bucket)
-    return sent
-
-
-def receive_weights(group: SyncGroup, plan: list[list[TensorSpec]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Engine side: yields the named tensors bucket by bucket as the broadcasts arrive (a fresh buffer per bucket,
-    since the consumer may keep views of it)."""
-    def arrived():
-        for bucket in plan:
-            buf = torch.empty(bucket_nbytes(bucket), dtype=torch.uint8, device=group.device)
-            group.broadcast(buf)
-            yield bucket, buf
-    return bucket_contents(arrived())
+def plan_from_plain(plain: list) -> list[list[TensorSpec]]:
+    return [[TensorSpec(name, tuple(shape), dtype, tuple(part) if part else None)
+             for name, shape, dtype, part in bucket] for bucket in plain]
