@@ -241,10 +241,12 @@ class PolicyTrainer:
         return node_address()
 
     def open_sender(self, channel: str, host: str, port: int, plan: list[list[TensorSpec]], world_size: int = 0,
-                    engines: Optional[list[int]] = None, verify: bool = False) -> dict:
+                    engines: Optional[list[int]] = None, verify: bool = False, local_engine=None) -> dict:
         """Join the trainer -> engines channel (rollout.sync.setup_sync) with the bucket plan every later sync
-        uses. ipc: returns the staging-buffer handles of the engines this rank feeds."""
-        self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [], verify=verify)
+        uses. ipc: returns the staging-buffer handles of the engines this rank feeds. `local_engine`: the engine in
+        this process that the `local` channel hands the tensors to (actors.hybrid)."""
+        self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [],
+                                    local_engine=local_engine, verify=verify)
         return self._sender.handles()
 
     def sync_fingerprints(self) -> dict:
