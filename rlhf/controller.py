@@ -11,7 +11,6 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
@@ -49,8 +48,6 @@ class PhaseTimer:
 class RLController:
     def __init__(self, cfg: RunConfig):
         from common.remote import init_ray
-        if cfg.algorithm.loss_norm_len is None:  # Dr. GRPO's constant: the generation budget
-            cfg = replace(cfg, algorithm=replace(cfg.algorithm, loss_norm_len=cfg.rollout.max_new_tokens))
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
         # env.name: the environment's reset() gives the first message (rows need no prompt) and its steps the reward
@@ -195,7 +192,7 @@ class RLController:
             rounds = []
             for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
                 rounds.append(self._round(step, attempt, t))
-                if sum(int(informative_groups(r.scores, self.cfg.rollout.n_samples).sum()) for r in rounds) >= want:
+                if sum(int(r.signal.sum()) for r in rounds) >= want:
                     break
         # (asleep only now, not between rounds: a level-2 sleep discards the weights, and only a sync restores them)
         return select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
@@ -219,7 +216,8 @@ class RLController:
             scores, scored = self._score(rows, samples, batch)
         if attempt == 0:
             self.dumps.write(step, rows, samples, scores, self.renderer)
-        return Round(rows, samples, batch, scores, {**metrics, **scored})
+        return Round(rows, samples, batch, scores, {**metrics, **scored},
+                     informative_groups(scores, self.cfg.rollout.n_samples))
 
     def _generate(self, step: int, attempt: int = 0):
         """(rows, samples, metrics) of a rollout generated now, as `_overlapped` returns them."""

@@ -56,8 +56,8 @@ class BadStepGuard:
 
 def warn_skipped(logger: MetricsLogger, step: int, row: dict) -> None:
     logger.warn(f"step {step}: update skipped, the loss or gradient norm was NaN/Inf "
-                   f"(train/loss {row.get('train/loss', row.get('policy/loss'))}, train/grad_norm "
-                   f"{row.get('train/grad_norm')})")
+                f"(train/loss {row.get('train/loss', row.get('policy/loss'))}, train/grad_norm "
+                f"{row.get('train/grad_norm')})")
 
 
 def answer_metric(cfg: RunConfig) -> str:
@@ -102,10 +102,11 @@ def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
     return folder, state
 
 
-def timed_evaluation(stage: Stage) -> dict:
-    """The stage's evaluation metrics and `time/eval`, its seconds (outside `time/step`)."""
+def timed_evaluation(stage: Stage, logger: MetricsLogger) -> dict:
+    """The stage's evaluation metrics and `time/eval`, its seconds (outside `time/step`); a timer on the console."""
     begin = time.perf_counter()
-    metrics = stage.evaluate()
+    with logger.phase("evaluating"):
+        metrics = stage.evaluate()
     return {**metrics, "time/eval": time.perf_counter() - begin}
 
 
@@ -121,17 +122,14 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:
-        with logger.phase("evaluating"):
-            first = timed_evaluation(stage)
-        logger.log(0, {**first, **stage.initial_metrics()}, advance=False)
+        logger.log(0, {**timed_evaluation(stage, logger), **stage.initial_metrics()}, advance=False)
     row: dict = {}
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
         row = stage.step(step)
         row["time/step"] = time.perf_counter() - begin
         if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
-            with logger.phase("evaluating"):
-                row.update(timed_evaluation(stage))
+            row.update(timed_evaluation(stage, logger))
         if guard.observe(row):
             warn_skipped(logger, step, row)
         logger.log(step, row)

@@ -6,19 +6,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from algorithms.advantages import choose_groups, informative_groups
+from algorithms.advantages import choose_groups
 from common.batch import samples_to_batch
 
 
 @dataclass
 class Round:
     """One rollout round: the rows drawn, their samples (n_samples a row, adjacent), the padded batch, each
-    sample's reward, and the round's metrics."""
+    sample's reward, the round's metrics, and which of its groups have rewards that differ."""
     rows: list[dict]
     samples: list
     batch: dict
     scores: torch.Tensor
     metrics: dict
+    signal: torch.Tensor  # (groups,) bool
 
 
 class EngineMemory:
@@ -49,7 +50,7 @@ def select_groups(rounds: list[Round], want: int, n: int, pad_id: int):
     """The first `want` groups with signal across the rounds (n samples a group), topped up with all-equal ones:
     (samples, batch, rewards, metrics), the metrics the last round's with the selection's."""
     groups = [r.samples[g * n:(g + 1) * n] for r in rounds for g in range(len(r.samples) // n)]
-    signal = torch.cat([informative_groups(r.scores, n) for r in rounds])
+    signal = torch.cat([r.signal for r in rounds])
     chosen = choose_groups(signal, want).tolist()
     samples = [replace(s, prompt_index=i) for i, g in enumerate(chosen) for s in groups[g]]
     rewards = torch.cat([r.scores.view(-1, n) for r in rounds])[chosen].flatten()

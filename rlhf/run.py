@@ -32,7 +32,9 @@ def _stage_runner(stage: str):
 
 
 def run(cfg: RunConfig):
-    return _stage_runner(cfg.stage)(cfg)
+    """The stage, with the machine-dependent defaults resolved (rlhf.config_resolve): what it saves is what ran."""
+    from rlhf.config_resolve import resolved
+    return _stage_runner(cfg.stage)(resolved(cfg))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             from rlhf.config_doc import help_text
             print(help_text(args.help_config), end="")
             return 0
-        from rlhf.config_resolve import resolved
-        cfg = resolved(load_config(args.config, args.overrides))
+        cfg = load_config(args.config, args.overrides)
         if args.print_config:
-            print(to_yaml(cfg), end="")
+            from rlhf.config_resolve import resolved
+            print(to_yaml(resolved(cfg)), end="")
             return 0
         run(cfg)
     except (UserError, TrainingStopped) as e:

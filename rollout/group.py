@@ -31,7 +31,7 @@ TIMEOUT_HINT = "if it was still working, raise rollout.timeout_s"
 class RolloutGroup:
     """With `max_restarts` > 0 and an `on_restart(engine)` callback (set by the controller: re-form the sync channel
     and push the current weights), an engine whose process dies is restarted by Ray and its share of the generation
-    (or of a `call`) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
+    (or of a call on every engine) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
 
     def __init__(self, engines: list, timeout_s: Optional[float] = None, in_trainers: bool = False):
         """`in_trainers`: the engines are hosted by the policy trainer ranks' own actors (placement.mode: hybrid),

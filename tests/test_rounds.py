@@ -1,6 +1,7 @@
 """The rollout phase's parts: the engines' memory over a step's rounds, and the choice of groups across rounds."""
 import torch
 
+from algorithms.advantages import informative_groups
 from rlhf.rounds import EngineMemory, Round, select_groups
 from rollout.engine import Sample
 
@@ -35,7 +36,9 @@ def test_engines_wake_once_and_sleep_once_as_soon_as_released():
 
 def _round(rewards: list[float], first_prompt: int) -> Round:
     samples = [Sample(i // 2, [1], [first_prompt + i // 2], [0.0], "stop") for i in range(len(rewards))]
-    return Round([], samples, {}, torch.tensor(rewards), {"rollout/reward_mean": sum(rewards) / len(rewards)})
+    scores = torch.tensor(rewards)
+    return Round([], samples, {}, scores, {"rollout/reward_mean": sum(rewards) / len(rewards)},
+                 informative_groups(scores, 2))
 
 
 def test_groups_with_signal_are_chosen_across_rounds_and_renumbered():

@@ -38,14 +38,15 @@ def recorded(named: Iterator[tuple[str, torch.Tensor]], into: dict) -> Iterator[
         yield name, tensor
 
 
-def verify_sync(trainers: list, group, channel: str, timeout_s: float = 600.0) -> int:
+def verify_sync(trainers: list, group, channel: str) -> int:
     """After a sync with verification on: every engine received every tensor its feeding trainer rank sent (rank 0
     under broadcast), bit for bit. Returns the tensors checked; a difference stops the run (TrainingStopped) naming
     the engine and the first tensor."""
     from common.remote import ray_get
+    from rollout.group import BASE_TIMEOUT_S
     from rollout.sync.ipc import feeding_rank
 
-    roles = [f"policy trainer {r}" for r in range(len(trainers))]
+    roles, timeout_s = [f"policy trainer {r}" for r in range(len(trainers))], group.timeout_s or BASE_TIMEOUT_S
     sent = ray_get([t.sync_fingerprints.remote() for t in trainers], timeout_s, roles)
     got = ray_get([e.sync_fingerprints.remote() for e in group.engines], timeout_s, group.roles)
     checked = 0
