@@ -34,27 +34,32 @@ def shifted_logits(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch
     return logits[:, :-1], mb["input_ids"][:, s + 1:], s
 
 
-def shifted_logprobs(mb: Batch, logits: torch.Tensor) -> torch.Tensor:
-    """Log-probs of input_ids[:, 1:], (B, W-1) fp32. With a loss_mask, zero wherever it is false, as the engine's
-    rollout_logprobs are: the same numbers however rows were grouped into micro-batches (and so trimmed)."""
-    return _at_trained_positions(mb, logits, entropy=False)[0]
+def shifted_logprobs(mb: Batch, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of input_ids[:, 1:] under softmax(logits / temperature), (B, W-1) fp32. With a loss_mask, zero
+    wherever it is false, as the engine's rollout_logprobs are: the same numbers however rows were grouped into
+    micro-batches (and so trimmed)."""
+    return _at_trained_positions(mb, logits, entropy=False, temperature=temperature)[0]
 
 
-def shifted_logprobs_entropy(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, entropies), each (B, W-1) fp32, zero outside loss_mask (entropies detached), from one pass."""
-    return _at_trained_positions(mb, logits, entropy=True)
+def shifted_logprobs_entropy(mb: Batch, logits: torch.Tensor,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropies) of softmax(logits / temperature), each (B, W-1) fp32, zero outside loss_mask
+    (entropies detached), from one pass."""
+    return _at_trained_positions(mb, logits, entropy=True, temperature=temperature)
 
 
-def _at_trained_positions(mb: Batch, logits: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, ...]:
+def _at_trained_positions(mb: Batch, logits: torch.Tensor, entropy: bool,
+                          temperature: float) -> tuple[torch.Tensor, ...]:
     """With a loss_mask only its positions are computed: the rest of the window (padding after short completions,
     prompt tokens after the first trained position) would be upcast, normalised and then thrown away. The entropy
-    pass is skipped where nobody reads it (reference and old log-probs)."""
+    pass is skipped where nobody reads it (reference and old log-probs). The temperature divides each row chunk after
+    its fp32 upcast (vLLM's sampler divides fp32 logits too)."""
     logits, targets, s = shifted_logits(mb, logits)
     mask = mb.get("loss_mask")
     window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
     flat_logits, flat_targets = logits[window], targets[window]
-    out = (logprobs_and_entropy(flat_logits, flat_targets) if entropy
-           else (token_logprobs(flat_logits, flat_targets),))
+    out = (logprobs_and_entropy(flat_logits, flat_targets, temperature) if entropy
+           else (token_logprobs(flat_logits, flat_targets, temperature),))
     full = torch.nn.functional.pad(window, (s, 0))  # mask[:, :s] is all false
     zeros = torch.zeros(full.shape, dtype=torch.float32, device=logits.device)
     return tuple(zeros.masked_scatter(full, t) for t in out)

@@ -40,7 +40,10 @@ def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
 class PolicyTrainer:
     def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
-                 seed: int = 0, trust_remote_code: bool = False, lora: Optional[LoraConfig] = None):
+                 seed: int = 0, trust_remote_code: bool = False, lora: Optional[LoraConfig] = None,
+                 logprob_temperature: float = 1.0):
+        """`logprob_temperature`: the RL log-probs (old, trained, LoRA reference) are of softmax(logits / it), the
+        distribution the rollouts were sampled from (rollout.tempered_logprobs); DPO's stay raw."""
         from transformers import AutoModelForCausalLM
 
         self.lora = lora if lora is not None and lora.rank > 0 else None
@@ -51,7 +54,7 @@ class PolicyTrainer:
                                                          trust_remote_code=trust_remote_code)
             return add_lora(model, self.lora) if self.lora else model
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
-        self.rank, self.cfg = rank, tr
+        self.rank, self.cfg, self.temperature = rank, tr, logprob_temperature
 
     @property
     def model(self) -> torch.nn.Module:
@@ -89,7 +92,7 @@ class PolicyTrainer:
         kept: list[torch.Tensor] = []
 
         def loss_fn(mb: Batch, out, normalizer: float):
-            logp, entropy = shifted_logprobs_entropy(mb, out.logits)
+            logp, entropy = shifted_logprobs_entropy(mb, out.logits, self.temperature)
             old = logp.detach() if fused else mb["old_logprobs"]
             if fused:
                 kept.append((mb["row"].cpu(), old.cpu()))
@@ -140,10 +143,13 @@ class PolicyTrainer:
     def load_checkpoint(self, path: str) -> None:
         self.ds.load_checkpoint(path, "policy")
 
+    def _tempered_logprobs(self, mb: Batch, out) -> torch.Tensor:
+        return shifted_logprobs(mb, out.logits, self.temperature)
+
     @releases_gpu_cache
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """Log-probs of input_ids[:, 1:] under the current weights, (B, L-1) fp32."""
-        return self.ds.inference(batch, _shifted_logprobs)
+        """Log-probs of input_ids[:, 1:] under the current weights at the logprob temperature, (B, L-1) fp32."""
+        return self.ds.inference(batch, self._tempered_logprobs)
 
     def offload(self) -> None:
         self.ds.offload()
@@ -152,7 +158,7 @@ class PolicyTrainer:
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA only: the reference policy is this model with its adapter disabled."""
         with self.model.disable_adapter():
-            return self.ds.inference(batch, _shifted_logprobs)
+            return self.ds.inference(batch, self._tempered_logprobs)
 
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         """Full weights as a Hugging Face folder; with LoRA the merged model there, and the adapter in PEFT format

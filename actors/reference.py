@@ -11,14 +11,15 @@ from common.dtypes import DTYPES
 
 class ReferenceModel:
     def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, logprob_temperature: float = 1.0):
+        """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs)."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
                                                           trust_remote_code=trust_remote_code).to(self.device)
         self.model.eval().requires_grad_(False)
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.temperature = micro_batch_size, logprob_temperature
         self.trims_logits = takes_logits_to_keep(self.model)
 
     @releases_gpu_cache
@@ -30,6 +31,6 @@ class ReferenceModel:
             mb = {k: v.to(self.device) for k, v in mb.items()}
             logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                                 **keep_kwargs(mb, self.trims_logits)).logits
-            return shifted_logprobs(mb, logits).cpu()
+            return shifted_logprobs(mb, logits, self.temperature).cpu()
         keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
         return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run)

@@ -6,8 +6,14 @@ import torch
 _CHUNK_ROWS = 1024  # rows of (B*T, V) processed at once, to bound the fp32 working set for large vocabularies
 
 
-def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[label] per token.
+def _fp32(rows: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A chunk of logits upcast, then tempered (the division in fp32, as vLLM's sampler does it)."""
+    rows = rows.float()
+    return rows if temperature == 1.0 else rows / temperature
+
+
+def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature)[label] per token.
 
     logits (B, T, V) any float dtype; labels (B, T) int64 -> (B, T) fp32.
     Computed as logit[label] - logsumexp(logits) in row chunks upcast to fp32, so a full fp32 copy of bf16
@@ -17,7 +23,7 @@ def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     flat_labels = labels.reshape(-1)
     out = torch.empty(flat_labels.shape, dtype=torch.float32, device=logits.device)
     for start in range(0, flat_logits.shape[0], _CHUNK_ROWS):
-        rows = flat_logits[start:start + _CHUNK_ROWS].float()
+        rows = _fp32(flat_logits[start:start + _CHUNK_ROWS], temperature)
         picked = rows.gather(-1, flat_labels[start:start + _CHUNK_ROWS].unsqueeze(-1)).squeeze(-1)
         out[start:start + _CHUNK_ROWS] = picked - torch.logsumexp(rows, dim=-1)
     return out.view(labels.shape)
@@ -34,14 +40,16 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return out.view(logits.shape[:-1])
 
 
-def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs` and `entropy_from_logits` from one pass over the logits: logits (N, V), labels (N,) ->
-    (N,) fp32 log-probs (differentiable) and (N,) fp32 entropies (detached, a metric). Each row chunk is upcast and
-    its logsumexp computed once for both; with a 49k-150k vocabulary these passes cost as much as a layer."""
+def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor,
+                         temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and `entropy_from_logits` of softmax(logits / temperature) from one pass over the logits:
+    logits (N, V), labels (N,) -> (N,) fp32 log-probs (differentiable) and (N,) fp32 entropies (detached, a metric).
+    Each row chunk is upcast and its logsumexp computed once for both; with a 49k-150k vocabulary these passes cost
+    as much as a layer."""
     logp = torch.empty(labels.shape, dtype=torch.float32, device=logits.device)
     ent = torch.empty(labels.shape, dtype=torch.float32, device=logits.device)
     for start in range(0, logits.shape[0], _CHUNK_ROWS):
-        rows = logits[start:start + _CHUNK_ROWS].float()
+        rows = _fp32(logits[start:start + _CHUNK_ROWS], temperature)
         lse = torch.logsumexp(rows, dim=-1)
         logp[start:start + _CHUNK_ROWS] = rows.gather(-1, labels[start:start + _CHUNK_ROWS, None]).squeeze(-1) - lse
         with torch.no_grad():

@@ -105,8 +105,12 @@ class RolloutConfig:
     num_engines: int = 1  # rollout engines, each a Ray actor (data parallel: prompts are split across them)
     prompts_per_step: int = 16  # prompts each step samples from; n_samples completions each
     n_samples: int = 8  # completions per prompt
-    temperature: float = 1.0  # sampling temperature of the rollouts (log-probs stay the model's raw ones)
+    temperature: float = 1.0  # sampling temperature of the rollouts
     top_p: float = 1.0  # nucleus sampling; 1 = off
+    # log-probs (the engines', old, trained, reference) of the distribution sampled from, softmax(logits / temperature),
+    # as TRL, verl and OpenRLHF train; false = of the raw logits (the ratio then compares other distributions than the
+    # one sampled when temperature != 1). With top_p < 1 vLLM's also renormalise over the nucleus (the trainer's don't)
+    tempered_logprobs: bool = True
     max_new_tokens: int = 16  # the completion budget; a completion cut there has finish_reason "length"
     max_model_len: int = 256  # prompt + completion tokens an engine accepts (its KV cache is sized for it)
     kv_cache_mb: int = 64  # CPU KV cache size per engine

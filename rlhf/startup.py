@@ -49,12 +49,19 @@ def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
     return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0))
 
 
+def logprob_temperature(cfg: RunConfig) -> float:
+    """The temperature the trainer and reference divide logits by: the sampling one under rollout.tempered_logprobs
+    (1 for greedy rollouts, whose log-probs vLLM reports raw)."""
+    r = cfg.rollout
+    return r.temperature if r.tempered_logprobs and r.temperature > 0 else 1.0
+
+
 def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tuple[type, dict]:
     """The engine class and its arguments (besides the model)."""
     r = cfg.rollout
     if r.engine != "vllm":
         from rollout.hf_engine import HFEngine
-        return HFEngine, {}
+        return HFEngine, dict(tempered_logprobs=r.tempered_logprobs)
     from rollout.vllm_engine import VLLMEngine
     hybrid = cfg.placement.mode == "hybrid"  # the engine core stays in the trainer's process: tensors by reference
     return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
@@ -63,7 +70,7 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
                             enable_sleep=placement.pg is not None and cfg.placement.mode in ("colocate", "hybrid"),
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
-                            sleep_level=1 if adapter_sync else 2)
+                            sleep_level=1 if adapter_sync else 2, tempered_logprobs=r.tempered_logprobs)
 
 
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
@@ -129,7 +136,8 @@ def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, co
     if hybrid_engine is not None:
         cls, extra = HybridWorker, dict(engine_cls=hybrid_engine[0], engine_kwargs=hybrid_engine[1])
     return ActorGroup(cls, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
-                      model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=cfg.model.lora, **common, **extra)
+                      model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=cfg.model.lora,
+                      logprob_temperature=logprob_temperature(cfg), **common, **extra)
 
 
 def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: dict[str, int],
@@ -143,6 +151,7 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
     reward_model = (Replicas(RewardModel, "reward model", placement.options["reward"],
                              ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
                     if "reward" in ranks else None)
-    reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path, **common)
+    reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
+                          logprob_temperature=logprob_temperature(cfg), **common)
                  if "reference" in ranks else None)
     return reward_model, reference

@@ -11,10 +11,11 @@ from rollout.render import PromptRenderer, render_prompts
 
 
 class _TokenLogprobs:
-    """A logits processor that records the sampled tokens' log-probs under the raw model distribution (vLLM's
-    default `raw_logprobs`, what the trainer recomputes): placed first, it sees each step's raw logits and keeps
-    their log-softmax only until the next step's input shows which token was drawn, so one step's (B, V) is held
-    at a time, never every step's (transformers' output_logits)."""
+    """A logits processor that records the sampled tokens' log-probs, what the trainer recomputes: placed first it
+    sees each step's raw logits (vLLM's `raw_logprobs`), placed right after the temperature the tempered ones
+    (rollout.tempered_logprobs; nucleus truncation comes after it). It keeps their log-softmax only until the next
+    step's input shows which token was drawn, so one step's (B, V) is held at a time, never every step's
+    (transformers' output_logits)."""
 
     def __init__(self):
         self.pending: torch.Tensor | None = None
@@ -39,7 +40,8 @@ class _TokenLogprobs:
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32", trust_remote_code: bool = False,
-                 batch_size: int = 64, **_ignored_vllm_options):
+                 batch_size: int = 64, tempered_logprobs: bool = False, **_ignored_vllm_options):
+        """`tempered_logprobs`: report log-probs of softmax(logits / temperature), else of the raw logits."""
         from transformers import AutoModelForCausalLM
 
         from common.dtypes import DTYPES
@@ -48,6 +50,7 @@ class HFEngine:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         renderer = PromptRenderer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self._setup(model.eval().to(device), renderer.eos_id, renderer.pad_id, batch_size)
+        self.tempered_logprobs = tempered_logprobs
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, renderer
 
     @classmethod
@@ -60,6 +63,7 @@ class HFEngine:
     def _setup(self, model, eos_id: int, pad_id: int, batch_size: int) -> None:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
         self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
+        self.tempered_logprobs = False
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
@@ -89,9 +93,9 @@ class HFEngine:
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
         greedy = sampling.temperature == 0
-        processors = [record := _TokenLogprobs()]  # first: it sees each step's raw logits
-        if not greedy:
-            processors.append(TemperatureLogitsWarper(sampling.temperature))
+        processors = [TemperatureLogitsWarper(sampling.temperature)] if not greedy else []
+        record = _TokenLogprobs()
+        processors.insert(len(processors) if self.tempered_logprobs else 0, record)
         if not greedy and sampling.top_p < 1.0:
             processors.append(TopPLogitsWarper(sampling.top_p))
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))

@@ -51,9 +51,11 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
-                 sleep_level: int = 2):
+                 sleep_level: int = 2, tempered_logprobs: bool = False):
         """`sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
-        the host) when only a LoRA adapter is synced and the base weights must come back."""
+        the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
+        sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
+        a top_p nucleus), else of the raw logits."""
         # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
         root = cache_root()
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
@@ -85,7 +87,8 @@ class VLLMEngine:
         # eager on CPU, which has none.
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
-                       worker_extension_cls="rollout.vllm_ext.WeightSyncExtension", **kwargs)
+                       worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+                       logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs", **kwargs)
         if multiprocess:
             gc.unfreeze()
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)

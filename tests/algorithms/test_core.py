@@ -35,6 +35,9 @@ def test_token_logprobs_matches_log_softmax_and_hand_value():
     lab = torch.randint(0, 11, (3, 700))
     ref = torch.log_softmax(big, -1).gather(-1, lab.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(token_logprobs(big, lab), ref, atol=1e-6)
+    # at a temperature: the log-probs of softmax(logits / T), the distribution sampled from
+    tempered = torch.tensor([[math.log(0.9), math.log(0.5)]])  # softmax([0, 2 log 3]) = [1/10, 9/10]
+    assert torch.allclose(token_logprobs(logits, labels, temperature=0.5), tempered)
 
 
 def test_token_logprobs_of_bf16_logits_is_fp32_and_accurate():
@@ -137,3 +140,7 @@ def test_logprobs_and_entropy_in_one_pass_equal_the_two_functions():
     (grad,) = torch.autograd.grad(logp.sum(), logits)
     (expected,) = torch.autograd.grad(token_logprobs(logits, labels).sum(), logits)
     assert torch.allclose(grad, expected, atol=1e-6)
+    hot_logp, hot_ent = logprobs_and_entropy(logits, labels, temperature=0.7)
+    assert torch.allclose(hot_logp, token_logprobs(logits / 0.7, labels), atol=1e-5)
+    assert torch.allclose(hot_ent, entropy_from_logits(logits / 0.7), atol=1e-4)
+    assert (hot_ent < ent).float().mean() > 0.9  # a temperature below 1 sharpens

@@ -44,15 +44,17 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
                   f"reward.model_path={reward_model}", "trainer.max_steps=4", "eval.every=0", "data.num_eval=32",
                   # policy and critic hand their ZeRO states to CPU during every rollout, reload to train
                   "trainer.zero_stage=2", "trainer.offload=true",
-                  "placement.mode=hybrid", timeout=900)  # critic, reward model and reference beside hybrid ranks
+                  "placement.mode=hybrid",  # critic, reward model and reference beside hybrid ranks
+                  "rollout.temperature=0.8", timeout=900)  # engine, trainer and reference all at T 0.8
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == list(range(5))
     for r in rows[1:]:
         assert {"critic/loss", "critic/values_mean", "rollout/task_reward_mean", "rollout/kl",
                 "time/offload"} <= set(r)
-        assert r["rollout/logprob_diff"] < 1e-3
-    assert rows[1]["rollout/kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any update
+        assert r["rollout/logprob_diff"] < 1e-3  # vLLM's processed log-probs = the trainer's tempered ones
+    # policy == reference (both tempered the same) before any update
+    assert rows[1]["rollout/kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 @pytest.mark.slow

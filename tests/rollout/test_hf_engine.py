@@ -37,6 +37,15 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
         lp = token_logprobs(model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1],
                             batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-4
+    # tempered: the log-probs of softmax(logits / T), recorded after the temperature (here without a nucleus)
+    engine.tempered_logprobs = True
+    hot = samples_to_batch(engine.generate(prompts, SamplingConfig(max_new_tokens=6, temperature=0.5, n=2, seed=4)),
+                           tok.pad_token_id)
+    with torch.no_grad():
+        logits = model(hot["input_ids"], attention_mask=hot["attention_mask"]).logits[:, :-1]
+    assert logprob_diff(token_logprobs(logits, hot["input_ids"][:, 1:], temperature=0.5), hot) < 1e-4
+    assert logprob_diff(token_logprobs(logits, hot["input_ids"][:, 1:]), hot) > 1e-2
+    engine.tempered_logprobs = False
     with pytest.raises(ValueError, match="pass token ids"):  # a bare model has no tokenizer
         engine.generate(["sort 3 1 2 ="], SamplingConfig())
     greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)

@@ -209,7 +209,8 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
     from algorithms.logprobs import token_logprobs
 
     shm_before = set(os.listdir("/dev/shm"))
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, **ENGINE))
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, tempered_logprobs=True,
+                                        **ENGINE))
     pids = group.process_ids()[0]
     assert len(pids) >= 2  # the actor and its engine-core child
     # the engine froze the actor's heap only while vLLM started (its engine core, which freezes its own, is the child)
@@ -227,6 +228,12 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
     with torch.no_grad():
         lp = token_logprobs(model(batch["input_ids"]).logits[:, :-1], batch["input_ids"][:, 1:])
     assert logprob_diff(lp, batch) < 1e-3
+    # tempered log-probs (vLLM's processed_logprobs): those of softmax(logits / T), not the raw ones
+    hot = samples_to_batch(group.generate([[5, 6, 7, 8]], replace(SAMPLING, temperature=0.6)), 0)
+    with torch.no_grad():
+        logits = model(hot["input_ids"]).logits[:, :-1]
+    assert logprob_diff(token_logprobs(logits, hot["input_ids"][:, 1:], temperature=0.6), hot) < 1e-3
+    assert logprob_diff(token_logprobs(logits, hot["input_ids"][:, 1:]), hot) > 1e-2
 
     # The ipc channel reaches into the engine-core child too: it maps the trainer's buffers there.
     from actors.policy import PolicyTrainer
