@@ -47,8 +47,9 @@ class Critic:
         return self.ds.inference(batch, _values)
 
     @releases_gpu_cache
-    def train_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
-        return self.value_step(batch, algo)
+    def train_step(self, batch: Batch, algo: AlgorithmConfig, extra: Optional[Batch] = None) -> dict[str, float]:
+        """`extra`: more per-row tensors for the same rows (old values and returns beside the shipped rollout)."""
+        return self.value_step({**batch, **extra} if extra else batch, algo)
 
     def value_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """`algorithm.ppo_epochs` passes of the clipped value loss; rows hold old_values and returns (B, L-1)."""

@@ -10,7 +10,7 @@ import torch
 from common.batch import Batch, even_spans, split_batch
 from common.net import node_address
 from common.packing import deal_by_length
-from common.remote import make_actor, ray_get
+from common.remote import Shipped, make_actor, ray_get, ship
 
 
 class ActorGroup:
@@ -33,23 +33,40 @@ class ActorGroup:
     def _wait(self, refs: list) -> list:
         return ray_get(refs, self.timeout_s, self.roles)
 
-    def _scatter(self, call: Callable, batch: Batch) -> list:
-        return self._wait([call(a, shard) for a, shard in zip(self.actors, split_batch(batch, self.world_size))])
+    def _shards(self, batch: Batch | Shipped) -> list:
+        """One shard per rank: a Shipped batch's references, else the batch cut here."""
+        shards = batch.refs if isinstance(batch, Shipped) else split_batch(batch, self.world_size)
+        if len(shards) != self.world_size:
+            raise ValueError(f"a batch shipped in {len(shards)} shards for {self.world_size} {self.role} ranks")
+        return shards
+
+    def _scatter(self, call: Callable, batch: Batch | Shipped) -> list:
+        return self._wait([call(a, shard) for a, shard in zip(self.actors, self._shards(batch))])
 
     def _all(self, call: Callable) -> list:
         return self._wait([call(a) for a in self.actors])
 
     # ---- typed methods ----
-    def train_step(self, batch: Batch, algo=None, mini_batches: int = 0) -> dict[str, float]:
+    def ship(self, batch: Batch) -> Shipped:
+        """`batch` in the object store, one shard per rank, for every call of a step (common.remote.ship)."""
+        return ship(batch, self.world_size)
+
+    def train_step(self, batch: Batch | Shipped, algo=None, mini_batches: int = 0,
+                   extra: Optional[Batch] = None) -> dict[str, float]:
         """One update on the whole batch (each rank trains on its shard): the workers' `train_step`, i.e. the RL
-        policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic). With
-        `mini_batches` = n > 0 (token-budget micro-batches), the rows of each of the n mini-batches are dealt to the
-        ranks by length (common.packing.deal_by_length), so no rank waits for one that got the long rows."""
-        self._order = None
+        policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic). `extra`:
+        per-row tensors computed after the batch was shipped (advantages, old log-probs), cut like it and merged
+        into it by each rank. With `mini_batches` = n > 0 (token-budget micro-batches), the rows of each of the n
+        mini-batches are dealt to the ranks by length (common.packing.deal_by_length), so no rank waits for one
+        that got the long rows."""
+        self._order, extra = None, extra or {}
         if mini_batches and self.world_size > 1:
-            self._order = deal_by_length(batch["attention_mask"].sum(1), self.world_size, mini_batches)
-            batch = {k: v[self._order] for k, v in batch.items()}
-        return self._scatter(lambda a, b: a.train_step.remote(b, algo), batch)[0]
+            rows = {**(batch.batch if isinstance(batch, Shipped) else batch), **extra}
+            self._order = deal_by_length(rows["attention_mask"].sum(1), self.world_size, mini_batches)
+            batch, extra = {k: v[self._order] for k, v in rows.items()}, {}
+        extras = split_batch(extra, self.world_size) if extra else [None] * self.world_size
+        return self._wait([a.train_step.remote(shard, algo, more)
+                           for a, shard, more in zip(self.actors, self._shards(batch), extras)])[0]
 
     def step_logprobs(self) -> torch.Tensor:
         """The last train_step's own log-probs, in the batch's row order."""
@@ -60,13 +77,13 @@ class ActorGroup:
         restored[self._order] = out
         return restored
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_logprobs(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))
 
-    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_ref_logprobs(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_ref_logprobs.remote(b), batch))
 
-    def compute_values(self, batch: Batch) -> torch.Tensor:
+    def compute_values(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_values.remote(b), batch))
 
     def offload(self) -> None:
@@ -112,17 +129,22 @@ class Replicas:
     def ready(self) -> None:
         ray_get([a.__ray_ready__.remote() for a in self.actors], self.timeout_s, self.roles)
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_logprobs(self, batch: Batch | Shipped) -> torch.Tensor:
         """ReferenceModel copies: (B, L-1) log-probs of the batch's rows."""
         return self._map(lambda a, rows: a.compute_logprobs.remote(rows), batch)
 
-    def score(self, batch: Batch) -> torch.Tensor:
+    def score(self, batch: Batch | Shipped) -> torch.Tensor:
         """RewardModel copies: (B,) one score a row."""
         return self._map(lambda a, rows: a.score.remote(rows), batch)
 
-    def _map(self, call: Callable, batch: Batch) -> torch.Tensor:
+    def _map(self, call: Callable, batch: Batch | Shipped) -> torch.Tensor:
         """`call(copy, rows)` -> ObjectRef on each copy's share of the batch's rows, results concatenated along
-        dim 0."""
+        dim 0. A Shipped batch cut into one shard per copy (a copy beside each trainer rank) is passed by its
+        references."""
+        if isinstance(batch, Shipped) and len(batch.refs) == len(self.actors):
+            refs = [call(a, shard) for a, shard in zip(self.actors, batch.refs)]
+            return torch.cat(ray_get(refs, self.timeout_s, self.roles))
+        batch = batch.batch if isinstance(batch, Shipped) else batch
         spans = even_spans(len(next(iter(batch.values()))), len(self.actors))
         refs = [call(self.actors[i], {k: v[lo:hi] for k, v in batch.items()}) for i, lo, hi in spans]
         return torch.cat(ray_get(refs, self.timeout_s, [self.roles[i] for i, _, _ in spans]))

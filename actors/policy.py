@@ -37,6 +37,17 @@ def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
     return shifted_logprobs(mb, out.logits)
 
 
+def _rollout_checks(old: torch.Tensor, mb: Batch, algo: AlgorithmConfig) -> dict[str, torch.Tensor]:
+    """Token means over the micro-batch: |old - engine| log-prob (the engine/trainer agreement check) and the KL of
+    the old policy to the reference, where the rows hold what they need."""
+    out = {}
+    if "rollout_logprobs" in mb:
+        out["rollout/logprob_diff"] = masked_mean((old - mb["rollout_logprobs"]).abs(), mb["loss_mask"])
+    if "ref_logprobs" in mb:
+        out["rollout/kl"] = masked_mean(kl_estimate(old, mb["ref_logprobs"], algo.kl_estimator), mb["loss_mask"])
+    return out
+
+
 class PolicyTrainer:
     def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
@@ -61,10 +72,13 @@ class PolicyTrainer:
         return self.ds.module
 
     @releases_gpu_cache
-    def train_step(self, batch: Batch, algo: Optional[AlgorithmConfig] = None) -> dict[str, float]:
+    def train_step(self, batch: Batch, algo: Optional[AlgorithmConfig] = None,
+                   extra: Optional[Batch] = None) -> dict[str, float]:
         """One update on this rank's rows: the on-policy RL loss with `algo` (rl_step), else SFT (sft_step).
+        `extra`: more per-row tensors for the same rows (the step's advantages beside its shipped rollout).
         `time/train_worker` is its own duration: the driver's `time/train` less this is transport and waiting."""
         start = time.perf_counter()
+        batch = {**batch, **extra} if extra else batch
         metrics = self.rl_step(batch, algo) if algo is not None else self.sft_step(batch)
         return {**metrics, "time/train_worker": time.perf_counter() - start}
 
@@ -80,8 +94,10 @@ class PolicyTrainer:
 
     def rl_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """`algorithm.ppo_epochs` passes of the clipped policy loss over this rank's rollout rows. Rows hold
-        input_ids, attention_mask, loss_mask, advantages (B, L-1), and ref_logprobs / rollout_logprobs when the
-        KL-in-loss / TIS options use them.
+        input_ids, attention_mask, loss_mask, advantages (B, L-1), rollout_logprobs (the engine's) and ref_logprobs
+        when KL is a loss term. The metrics include the rollout's `rollout/logprob_diff` (mean |old - engine|
+        log-prob) and, with ref_logprobs, `rollout/kl` (old vs reference), computed here where the old log-probs
+        are: token means over each mini-batch, averaged over the update's optimizer steps.
 
         Rows hold old_logprobs too, unless the update is a single on-policy step (one epoch, one mini-batch): then
         the weights are still those that generated the rollout, the old log-probs are this forward's own (detached;
@@ -99,7 +115,9 @@ class PolicyTrainer:
             loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], clip_low=algo.clip_low,
                                   clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                                   rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
-                                  agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len)
+                                  agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len,
+                                  surrogate=algo.policy_loss)
+            m.update(_rollout_checks(old, mb, algo))
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
                 loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg,

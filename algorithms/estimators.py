@@ -3,7 +3,7 @@ per-token KL to the reference and the critic's values) into token-level advantag
 reward shaping. The controller looks the name up once and holds no per-algorithm branches.
 
 Shapes: rewards (B,) outcome per sequence, B = prompts * G with a prompt's G samples adjacent; mask (B, T) bool
-over completion tokens; kl, values (B, T). Every estimator returns (advantages (B, T) zero outside the mask,
+over completion tokens; kl, values, teacher_kl (B, T). Every estimator returns (advantages (B, T) zero outside the mask,
 returns (B, T) for the critic or None).
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ class EstimatorInputs:
     gamma: float = 1.0
     lam: float = 0.95
     scale_by_std: bool = True  # grpo; False = Dr. GRPO
+    teacher_kl: Optional[torch.Tensor] = None  # (B, T) log pi(y_t) - log pi_teacher(y_t) per sampled token (opd)
+    task_coef: float = 0.0  # opd: weight of the task reward's GRPO advantage beside the teacher's signal
 
 
 Result = tuple[torch.Tensor, Optional[torch.Tensor]]
@@ -69,6 +71,19 @@ def ppo(x: EstimatorInputs) -> Result:
     return masked_whiten(advantages, x.mask), returns
 
 
+def opd(x: EstimatorInputs) -> Result:
+    """On-policy distillation (Agarwal et al. 2024; Lu and Thinking Machines 2025): the student's own samples, each
+    token's advantage the negative reverse-KL estimate -(log pi(y_t) - log pi_teacher(y_t)), no discount, no
+    baseline; plus task_coef x the task reward's GRPO advantage (group-normalised) where the rewards differ."""
+    if x.teacher_kl is None:
+        raise ValueError("opd's estimator needs the teacher's log-probs (teacher_kl)")
+    advantages = -x.teacher_kl * x.mask
+    if x.task_coef:
+        advantages = advantages + x.task_coef * adv.grpo(x.rewards.float(), x.group_size, x.scale_by_std)[:, None] \
+            * x.mask
+    return advantages, None
+
+
 @dataclass(frozen=True)
 class Estimator:
     fn: Callable[[EstimatorInputs], Result]
@@ -81,6 +96,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(rloo, min_group_size=2),
     "reinforce_pp": Estimator(reinforce_pp),
     "ppo": Estimator(ppo, needs_critic=True),
+    "opd": Estimator(opd),
 }
 
 

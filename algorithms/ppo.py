@@ -1,5 +1,5 @@
-"""PPO losses: the clipped policy surrogate (with dual clip and truncated importance sampling) and the clipped
-value loss."""
+"""PPO-family losses: the policy loss (a surrogate from algorithms.policy_losses, with dual clip and truncated
+importance sampling) and the clipped value loss."""
 from __future__ import annotations
 
 from typing import Optional
@@ -7,40 +7,40 @@ from typing import Optional
 import torch
 
 from algorithms.common import aggregate_loss, masked_mean
+from algorithms.policy_losses import LOG_RATIO_CLAMP, POLICY_LOSSES
 
-_LOG_RATIO_CLAMP = 20.0
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
                 rollout_logprobs: Optional[torch.Tensor] = None, tis_cap: Optional[float] = None,
                 agg: str = "token-mean", normalizer: Optional[float] = None,
-                max_len: Optional[int] = None) -> tuple[torch.Tensor, dict]:
-    """Clipped surrogate (Schulman et al. 2017), all inputs (B, T), mask bool.
+                max_len: Optional[int] = None, surrogate: str = "clip") -> tuple[torch.Tensor, dict]:
+    """The policy loss, all inputs (B, T), mask bool: `surrogate` names the per-token loss in
+    algorithms.policy_losses.POLICY_LOSSES (clip = PPO's clipped ratio, Schulman et al. 2017, with DAPO's asymmetric
+    "clip-higher" range, Yu et al. 2025; gspo, gspo_token, cispo).
 
-    ratio = pi/pi_old;  L = max(-A ratio, -A clip(ratio, 1 - clip_low, 1 + clip_high))  (asymmetric "clip-higher",
-    DAPO, Yu et al. 2025). dual_clip = c > 1 caps the loss of negative-advantage tokens at -c A (Ye et al. 2020).
+    dual_clip = c > 1 caps the clip surrogate's loss of negative-advantage tokens at -c A (Ye et al. 2020).
     rollout_logprobs + tis_cap weight each token by min(pi_old / pi_rollout, tis_cap), the truncated importance
     sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025). `normalizer`, `max_len`: see aggregate_loss.
-    Returns (loss, metrics with clip fraction, approximate KL to pi_old and mean ratio).
+    Returns (loss, metrics with the clipped fraction, approximate KL to pi_old and mean token ratio).
     """
-    log_ratio = (logprobs - old_logprobs).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
-    loss_mat = torch.maximum(unclipped, clipped)
+    if surrogate not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {surrogate!r}; valid: {', '.join(POLICY_LOSSES)}")
+    loss_mat, clipped = POLICY_LOSSES[surrogate](logprobs, old_logprobs, advantages, mask, clip_low, clip_high)
     if dual_clip is not None:
-        if dual_clip <= 1:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        if dual_clip <= 1 or surrogate != "clip":
+            raise ValueError(f"dual_clip must be > 1 and is for the clip surrogate; got {dual_clip} with {surrogate}")
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
     if rollout_logprobs is not None and tis_cap is not None:
-        weight = torch.exp((old_logprobs - rollout_logprobs).clamp(max=_LOG_RATIO_CLAMP)).clamp(max=tis_cap)
+        weight = torch.exp((old_logprobs - rollout_logprobs).clamp(max=LOG_RATIO_CLAMP)).clamp(max=tis_cap)
         loss_mat = loss_mat * weight.detach()
     loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, max_len=max_len)
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).detach()
     metrics = {
-        "policy/clip_frac": masked_mean((clipped > unclipped).float(), mask).detach(),
-        "policy/approx_kl": masked_mean(0.5 * log_ratio.square(), mask).detach(),
-        "policy/ratio_mean": masked_mean(ratio, mask).detach(),
+        "policy/clip_frac": masked_mean(clipped.float(), mask),
+        "policy/approx_kl": masked_mean(0.5 * log_ratio.square(), mask),
+        "policy/ratio_mean": masked_mean(torch.exp(log_ratio), mask),
     }
     return loss, metrics
 

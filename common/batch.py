@@ -1,11 +1,36 @@
-"""Batches as plain dicts of tensors: building them from token ids, and splitting/concatenating along dim 0."""
+"""Batches: a step's rollout as one typed value (`RolloutBatch`), and the plain dicts of tensors the workers read
+(`Batch`): building them from token ids, and splitting/concatenating along dim 0."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 Batch = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A step's rollout, built once by the rollout phase and only read after it: B samples (a prompt's n_samples
+    adjacent) as rows [prompt | completion | padding] of L tokens. Per-token fields line up with the shifted
+    targets input_ids[:, 1:] (L-1 columns) and are zero outside loss_mask."""
+    samples: list  # B rollout.engine.Sample: token ids, finish reasons, environment outcomes
+    input_ids: torch.Tensor  # (B, L) int64, right-padded
+    attention_mask: torch.Tensor  # (B, L) int64, 1 on the row's tokens
+    loss_mask: torch.Tensor  # (B, L-1) bool, the tokens the model sampled: what the update trains
+    rollout_logprobs: torch.Tensor  # (B, L-1) fp32, the engine's log-probs of those tokens
+    rewards: torch.Tensor  # (B,) fp32, one score a sample
+
+    @classmethod
+    def of(cls, samples: list, rewards: torch.Tensor, pad_id: int, rows: Batch | None = None) -> "RolloutBatch":
+        """From the samples and their rewards; `rows`: samples_to_batch(samples, pad_id) when already packed."""
+        return cls(samples=samples, rewards=rewards, **(rows or samples_to_batch(samples, pad_id)))
+
+    def rows(self) -> Batch:
+        """The row tensors every worker call of the step reads (the samples and rewards stay on the driver)."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "loss_mask": self.loss_mask,
+                "rollout_logprobs": self.rollout_logprobs}
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> Batch:
@@ -67,7 +92,7 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
     rollout = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
     for i, s in enumerate(samples):
         start = len(s.prompt_ids) - 1
-        rollout[i, start:start + len(s.completion_ids)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        rollout[i, start:start + len(s.completion_ids)] = torch.as_tensor(s.rollout_logprobs, dtype=torch.float32)
     batch["rollout_logprobs"] = rollout
     return batch
 

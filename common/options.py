@@ -45,7 +45,7 @@ class TrainerConfig:
 class AlgorithmConfig:
     """On-policy RL (stage: rl)."""
 
-    name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo
+    name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo | opd (on-policy distillation from teacher.path)
     kl_coef: float = 0.0  # 0 = no reference model
     kl_estimator: str = "k3"  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient); see algorithms/kl.py
     kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
@@ -54,6 +54,15 @@ class AlgorithmConfig:
     # dual-clip PPO: the loss of a negative-advantage token is bounded at this ratio (e.g. 3); null = off
     dual_clip: Optional[float] = None
     tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
+    # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
+    # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
+    policy_loss: str = "clip"
+    # DAPO's overlong shaping: over the last N tokens of rollout.max_new_tokens the reward falls linearly, by
+    # overlong_penalty at the budget (a completion cut there loses it all); 0 = off
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0  # the reward a completion loses at the end of the budget (DAPO: 1.0)
+    # opd: the task reward's GRPO advantage, times this, beside the teacher's per-token signal; 0 = distillation alone
+    opd_task_coef: float = 0.0
     loss_agg: str = "token-mean"  # how token losses become the batch loss (docs/algorithms.md)
     # seq-mean-token-sum-norm's constant (Dr. GRPO divides each sequence's token sum by the generation budget);
     # null = rollout.max_new_tokens

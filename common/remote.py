@@ -1,7 +1,11 @@
-"""The one place plain classes become Ray actors, and `ray.get` with a timeout and an error naming the role/rank."""
+"""The one place plain classes become Ray actors, `ray.get` with a timeout and an error naming the role/rank, and a
+batch put into the object store once for all of a step's calls (`ship`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
+
+from common.batch import Batch, split_batch
 
 
 class WorkerDied(RuntimeError):
@@ -11,6 +15,21 @@ class WorkerDied(RuntimeError):
     def __init__(self, message: str, role: str = "", died: bool = False):
         super().__init__(message)
         self.role, self.died = role, died
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """A batch put into Ray's object store once, as `len(refs)` contiguous row shards (common.batch.split_batch):
+    every call of a step that reads those rows passes the same references, and each worker takes its shard from
+    the store, instead of the driver pickling the batch into every call. `batch` stays the driver's own (for a
+    call that needs the rows cut another way)."""
+    batch: Batch
+    refs: list
+
+
+def ship(batch: Batch, parts: int) -> Shipped:
+    import ray
+    return Shipped(batch, [ray.put(shard) for shard in split_batch(batch, parts)])
 
 
 def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from common.errors import UserError
 from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
+from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
 from rlhf.config_rollout import validate_env, validate_sync
 from rlhf.tasks import TASKS
@@ -22,7 +23,7 @@ from rollout.rewards import BUILTIN as BUILTIN_REWARDS
 REWARD_NAMES = tuple(BUILTIN_REWARDS)
 
 STAGES = ("sft", "rl", "dpo", "rm")
-ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "opd")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # algorithms/kl.py (not imported here: config loads without torch)
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ENGINES = ("vllm", "hf")
@@ -37,7 +38,7 @@ CHOICES = {"stage": STAGES, "model.dtype": DTYPES, "model.tiny.arch": ARCHS, "al
            "algorithm.kl_estimator": KL_ESTIMATORS, "algorithm.loss_agg": LOSS_AGG, "rollout.engine": ENGINES,
            "rollout.lora_sync": LORA_SYNC, "rollout.sync_channel": SYNC_CHANNELS, "placement.mode": PLACEMENT_MODES,
            "trainer.zero_stage": (0, 1, 2, 3), "algorithm.dpo_loss": ("sigmoid", "ipo", "hinge"),
-           "env.observation_role": ("user", "tool")}
+           "env.observation_role": ("user", "tool"), "algorithm.policy_loss": POLICY_LOSSES}
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
 LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
@@ -147,6 +148,11 @@ class RewardConfig:
 
 
 @dataclass
+class TeacherConfig:
+    path: Optional[str] = None  # algorithm.name=opd: the teacher's HF folder (its tokenizer must be the student's)
+
+
+@dataclass
 class EvalConfig:
     every: int = 50  # steps between evaluations; 0 = only before and after training
     max_new_tokens: int = 32  # the completion budget of evaluation
@@ -182,6 +188,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)  # stage rl, algorithm.name=opd
     env: EnvConfig = field(default_factory=EnvConfig)  # stage rl: multi-turn rollouts (rollout.env)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -352,6 +359,7 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
             "placement.mode=split or rollout.overlap=false")
     validate_sync(cfg, bad)
     validate_env(cfg, bad, choice, positive)
+    validate_objective(cfg, bad, choice)
     for key, value in (("algorithm.clip_low", a.clip_low), ("algorithm.clip_high", a.clip_high),
                        ("algorithm.ppo_epochs", a.ppo_epochs), ("rollout.num_engines", r.num_engines),
                        ("rollout.prompts_per_step", r.prompts_per_step), ("rollout.n_samples", r.n_samples),
@@ -361,23 +369,10 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
         positive("rollout.timeout_s", r.timeout_s)
     if r.verify_sync_every < 0:
         bad("rollout.verify_sync_every", r.verify_sync_every, "must be >= 0 (0 = off, N = every N-th sync)")
-    if a.loss_norm_len is not None and a.loss_norm_len <= 0:
-        bad("algorithm.loss_norm_len", a.loss_norm_len, "must be > 0 (seq-mean-token-sum-norm's constant), or null "
-            "for rollout.max_new_tokens")
     if r.max_engine_restarts < 0:
         bad("rollout.max_engine_restarts", r.max_engine_restarts, "must be >= 0 (0: a dead engine ends the run)")
-    if a.kl_coef < 0:
-        bad("algorithm.kl_coef", a.kl_coef, "must be >= 0 (0 disables the KL penalty and the reference model)")
     if r.logprob_diff_warn is not None and r.logprob_diff_warn <= 0:
         bad("rollout.logprob_diff_warn", r.logprob_diff_warn, "must be > 0, or null for the dtype's default")
-    if a.dual_clip is not None and a.dual_clip <= 1:
-        bad("algorithm.dual_clip", a.dual_clip, "must be > 1 (e.g. 3.0), or null to disable")
-    if a.tis_cap is not None and a.tis_cap <= 0:
-        bad("algorithm.tis_cap", a.tis_cap, "must be > 0 (e.g. 2.0), or null to disable")
-    from algorithms.estimators import ESTIMATORS
-    if a.name in ESTIMATORS and r.n_samples < ESTIMATORS[a.name].min_group_size:
-        bad("rollout.n_samples", r.n_samples, f"{a.name} compares samples of the same prompt (with fewer than "
-            f"{ESTIMATORS[a.name].min_group_size} every advantage is 0): use >= {ESTIMATORS[a.name].min_group_size}")
     if r.temperature < 0 or not 0 < r.top_p <= 1:
         bad("rollout.temperature/top_p", (r.temperature, r.top_p), "need temperature >= 0 and 0 < top_p <= 1")
     rollout_batch = r.prompts_per_step * r.n_samples

@@ -10,7 +10,6 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Callable, Optional
 
 import torch
@@ -19,30 +18,22 @@ from algorithms.advantages import informative_groups
 from algorithms.common import masked_mean
 from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
-from common.batch import logprob_diff, samples_to_batch
+from algorithms.reward import overlong_penalty
+from common.batch import RolloutBatch, samples_to_batch
 from common.errors import TrainingStopped
+from common.remote import Shipped
 from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
-from rlhf.loop import answer_metric, drive, resume_point
-from rlhf.metrics import MetricsLogger, RolloutDumps, since_launch, startup_line
+from rlhf.loop import answer_metric, drive, resume_point, worker_died
+from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
-from rlhf.rounds import EngineMemory, Round, select_groups
+from rlhf.rounds import EngineMemory, Round, TokenScores, select_groups, teacher_kl
+from rlhf.startup import teacher_model
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import resolve_reward_fn, score_rows
-
-
-class PhaseTimer:
-    def __init__(self):
-        self.times: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + time.perf_counter() - start
 
 
 class RLController:
@@ -60,6 +51,8 @@ class RLController:
                                          self.per_round, cfg.seed)
             self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)
             self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
+            if cfg.teacher.path is not None:
+                teacher_model(cfg, self.model_path)
         self.warn_at = logprob_diff_warn(cfg)
         self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
@@ -92,8 +85,8 @@ class RLController:
 
         cfg, r = self.cfg, self.cfg.rollout
         w = start_workers(cfg, self.model_path, self.estimator.needs_critic)
-        self.placement, self.policy, self.critic, self.reference, self.reward_model = \
-            w.placement, w.policy, w.critic, w.reference, w.reward_model
+        self.placement, self.policy, self.critic, self.reference, self.teacher, self.reward_model = \
+            w.placement, w.policy, w.critic, w.reference, w.teacher, w.reward_model
         self.rollout, self.lora_reference, self.startup = w.rollout, w.lora_reference, w.startup
         engines_start = time.perf_counter()
         self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
@@ -124,34 +117,51 @@ class RLController:
     def step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
         t = PhaseTimer()
-        samples, batch, rewards, metrics = self._collect(step, t)  # timed as rollout + reward
+        rollout, metrics = self._collect(step, t)  # timed as rollout + reward
+        shipped = self.policy.ship(rollout.rows())  # put once: every worker call of the step passes its references
         with t("ref"):
-            if not self.fused_old_logprobs:
-                batch["old_logprobs"] = self.policy.compute_logprobs(batch)
-            if self.reference is not None:
-                batch["ref_logprobs"] = self.reference.compute_logprobs(batch)
-            elif self.lora_reference:
-                batch["ref_logprobs"] = self.policy.compute_ref_logprobs(batch)
-            if self.critic is not None:
-                batch["old_values"] = self.critic.compute_values(batch)
-        self._advantages(batch, rewards)
+            scores = self._token_scores(shipped)
+        overlong, distill = self._overlong(rollout), teacher_kl(rollout, scores)  # DAPO's shaping, opd's signal
+        advantages, returns, kl = self._advantages(rollout, scores, overlong, distill)
         # token-budget micro-batches: each mini-batch's rows are dealt to the ranks by length
-        deal = len(batch["input_ids"]) // self.cfg.trainer.batch_size \
+        deal = len(rollout.input_ids) // self.cfg.trainer.batch_size \
             if self.cfg.trainer.max_tokens_per_micro_batch else 0
         with t("train"):
-            metrics.update(self.policy.train_step(batch, a, deal))
-            if self.fused_old_logprobs:
-                batch["old_logprobs"] = self.policy.step_logprobs()
+            metrics.update(self.policy.train_step(shipped, a, deal, extra=self._policy_inputs(scores, advantages)))
             if self.critic is not None:
-                metrics.update(self.critic.train_step(batch, a, deal))
+                metrics.update(self.critic.train_step(shipped, a, deal, extra={"old_values": scores.old_values,
+                                                                               "returns": returns}))
         with t("sync"):
             self._sync_weights()
         if self.verified:  # rollout.verify_sync_every: this step's sync was checked, tensor by tensor
             metrics["rollout/sync_verified_tensors"], self.verified = float(self.verified), 0
-        metrics.update(self._rollout_metrics(batch, rewards, samples))
+        metrics.update(self._rollout_metrics(rollout, kl, metrics))
+        if overlong is not None:
+            metrics["rollout/overlong_penalty_mean"] = overlong.mean().item()
+        if distill is not None:  # opd: how far the student's samples are from the teacher
+            metrics["rollout/teacher_kl"] = masked_mean(distill, rollout.loss_mask).item()
         # sampled tokens per second of the rollout phase (the console's throughput figure)
-        metrics["perf/rollout_tokens_per_s"] = batch["loss_mask"].sum().item() / max(t.times["time/rollout"], 1e-9)
+        metrics["perf/rollout_tokens_per_s"] = rollout.loss_mask.sum().item() / max(t.times["time/rollout"], 1e-9)
         return {**metrics, **t.times}
+
+    def _token_scores(self, shipped: Shipped) -> TokenScores:
+        """The old policy's, the reference's and the critic's view of the rollout's tokens, each where needed."""
+        old = None if self.fused_old_logprobs else self.policy.compute_logprobs(shipped)
+        ref = (self.reference.compute_logprobs(shipped) if self.reference is not None
+               else self.policy.compute_ref_logprobs(shipped) if self.lora_reference else None)
+        values = self.critic.compute_values(shipped) if self.critic is not None else None
+        teacher = self.teacher.compute_logprobs(shipped) if self.teacher is not None else None
+        return TokenScores(old, ref, values, teacher)
+
+    def _policy_inputs(self, scores: TokenScores, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What the policy update reads beside the shipped rollout: the advantages, the old log-probs unless its own
+        forward gives them, and the reference's when KL is a loss term."""
+        a, extra = self.cfg.algorithm, {"advantages": advantages}
+        if scores.old_logprobs is not None:
+            extra["old_logprobs"] = scores.old_logprobs
+        if scores.ref_logprobs is not None and not a.kl_in_reward:
+            extra["ref_logprobs"] = scores.ref_logprobs
+        return extra
 
     def _sync_weights(self) -> None:
         """After an update. Under rollout.overlap the engines first finish the rollout in flight, waited for under
@@ -176,8 +186,8 @@ class RLController:
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
-    def _collect(self, step: int, t: PhaseTimer):
-        """Generate and score `prompts_per_step` groups: (samples, batch, rewards, metrics). Each round generates
+    def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float]]:
+        """Generate and score `prompts_per_step` groups: (their rollout, metrics). Each round generates
         `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
         algorithm.dynamic_sampling (DAPO, Yu et al. 2025: further rounds until enough groups have signal), the step
         trains on the groups whose rewards are not all equal (an all-equal group has zero advantage), topped up
@@ -188,7 +198,7 @@ class RLController:
         with EngineMemory(self.rollout, asleep_between_steps=not self.cfg.rollout.overlap) as engines:
             if not selecting:  # the engines free the GPU for the reward and reference models as soon as they are done
                 r = self._round(step, 0, t, done_generating=engines.release)
-                return r.samples, r.batch, r.scores, r.metrics
+                return r.batch, r.metrics
             rounds = []
             for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
                 rounds.append(self._round(step, attempt, t))
@@ -211,12 +221,12 @@ class RLController:
             rows, samples, metrics = self._overlapped(step) if self.cfg.rollout.overlap else \
                 self._generate(step, attempt)
         done_generating()
-        batch = samples_to_batch(samples, self.renderer.pad_id)
+        packed = samples_to_batch(samples, self.renderer.pad_id)
         with t("reward"):
-            scores, scored = self._score(rows, samples, batch)
+            scores, scored = self._score(rows, samples, packed)
         if attempt == 0:
             self.dumps.write(step, rows, samples, scores, self.renderer)
-        return Round(rows, samples, batch, scores, {**metrics, **scored},
+        return Round(rows, RolloutBatch.of(samples, scores, self.renderer.pad_id, packed), {**metrics, **scored},
                      informative_groups(scores, self.cfg.rollout.n_samples))
 
     def _generate(self, step: int, attempt: int = 0):
@@ -273,34 +283,48 @@ class RLController:
         return self.reward_model.score(rm), {
             "rollout/task_reward_mean": task.mean().item()}
 
-    def _advantages(self, batch, rewards: torch.Tensor) -> None:
-        """Token-level advantages into batch["advantages"] (and the critic's targets into batch["returns"]), by the
-        algorithm's entry in algorithms.estimators."""
+    def _overlong(self, rollout: RolloutBatch) -> Optional[torch.Tensor]:
+        """algorithm.overlong_buffer: (B,) the reward each sample loses for running into the length budget."""
         a = self.cfg.algorithm
-        kl = kl_estimate(batch["old_logprobs"], batch["ref_logprobs"], a.kl_estimator) \
-            if "ref_logprobs" in batch and a.kl_in_reward else None
-        advantages, returns = self.estimator.fn(EstimatorInputs(
-            rewards, batch["loss_mask"], self.cfg.rollout.n_samples, kl, a.kl_coef, batch.get("old_values"), a.gamma,
-            a.lam, a.scale_by_std))
-        batch["advantages"] = advantages
-        if returns is not None:
-            batch["returns"] = returns
+        if not a.overlong_buffer:
+            return None
+        lengths = torch.tensor([len(s.completion_ids) for s in rollout.samples])
+        return overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
 
-    def _rollout_metrics(self, batch, rewards: torch.Tensor, samples) -> dict[str, float]:
-        diff = logprob_diff(batch["old_logprobs"], batch)
+    def _advantages(self, rollout: RolloutBatch, scores: TokenScores, overlong: Optional[torch.Tensor],
+                    distill: Optional[torch.Tensor]):
+        """(advantages (B, L-1), the critic's returns (B, L-1) or None, the KL penalty (B, L-1) or None) by the
+        algorithm's entry in algorithms.estimators, from the rewards plus the overlong penalty (and opd's teacher
+        KL); the KL to the reference is estimated here only when it goes into the reward (as a loss term the
+        update estimates it)."""
+        a = self.cfg.algorithm
+        kl = kl_estimate(scores.old_logprobs, scores.ref_logprobs, a.kl_estimator) \
+            if scores.ref_logprobs is not None and a.kl_in_reward else None
+        rewards = rollout.rewards if overlong is None else rollout.rewards + overlong
+        advantages, returns = self.estimator.fn(EstimatorInputs(
+            rewards, rollout.loss_mask, self.cfg.rollout.n_samples, kl, a.kl_coef, scores.old_values,
+            a.gamma, a.lam, a.scale_by_std, distill, a.opd_task_coef))
+        return advantages, returns, kl
+
+    def _rollout_metrics(self, rollout: RolloutBatch, kl: Optional[torch.Tensor],
+                         trained: dict[str, float]) -> dict[str, float]:
+        """The rollout's metrics; its log-prob drift (and, with KL as a loss term, its KL) came from the update,
+        which holds the old log-probs."""
+        diff = trained.get("rollout/logprob_diff", 0.0)
         if diff > self.warn_at and not self.cfg.rollout.overlap:  # else it holds an update
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
+        samples, rewards, n = rollout.samples, rollout.rewards, self.cfg.rollout.n_samples
         lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
-        extra, n = {}, self.cfg.rollout.n_samples
-        if n > 1 and len(rewards) % n == 0:  # groups whose rewards differ: the only ones GRPO/RLOO learn from
+        extra = {}
+        from_rewards = self.cfg.algorithm.name != "opd" or self.cfg.algorithm.opd_task_coef > 0
+        if from_rewards and n > 1 and len(rewards) % n == 0:  # groups whose rewards differ: GRPO/RLOO learn from those
             extra["rollout/signal_frac"] = informative_groups(rewards.flatten(), n).float().mean().item()
-        if "ref_logprobs" in batch:
-            extra["rollout/kl"] = masked_mean(kl_estimate(batch["old_logprobs"], batch["ref_logprobs"],
-                                                          self.cfg.algorithm.kl_estimator), batch["loss_mask"]).item()
+        if kl is not None:
+            extra["rollout/kl"] = masked_mean(kl, rollout.loss_mask).item()
         return {**extra, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
-                "rollout/response_len": lengths.mean().item(), "rollout/logprob_diff": diff,
+                "rollout/response_len": lengths.mean().item(),
                 "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
                 "rollout/engine_restarts": float(self.rollout.restarts)}
 
@@ -348,7 +372,7 @@ class RLController:
                  ("policy trainers", self.policy.kill)]
         if self.critic is not None:
             parts.append(("critic", self.critic.kill))
-        parts += [(role, x.kill) for role, x in (("reference model", self.reference),
+        parts += [(role, x.kill) for role, x in (("reference model", self.reference), ("teacher", self.teacher),
                                                   ("reward model", self.reward_model)) if x is not None]
         for role, stop in parts + [("placement group", self.placement.remove)]:
             try:
@@ -367,13 +391,3 @@ def run_rl(cfg: RunConfig) -> dict[str, float]:
         raise TrainingStopped(worker_died(e, checkpoint.latest(cfg.output_dir))) from None
     finally:
         controller.close()
-
-
-def worker_died(error: Exception, last_checkpoint) -> str:
-    """One paragraph for a worker that died mid-run: which one, the likely cause, and how to go on."""
-    first = str(error).splitlines()[0] if str(error) else type(error).__name__
-    where = f"The last checkpoint, {last_checkpoint}, is intact" if last_checkpoint else \
-        "No checkpoint was written yet"
-    return (f"{first.rstrip(':. ')}. A Ray worker process ended while the run needed it: most often it ran out of "
-            f"memory (see `dmesg` or the Ray logs), or it was killed. {where}; rerun the same command to resume "
-            "from it.")

@@ -186,3 +186,13 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
                      resume_from, state)
     finally:
         logger.close()
+
+
+def worker_died(error: Exception, last_checkpoint) -> str:
+    """One paragraph for a worker that died mid-run: which one, the likely cause, and how to go on."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    where = f"The last checkpoint, {last_checkpoint}, is intact" if last_checkpoint else \
+        "No checkpoint was written yet"
+    return (f"{first.rstrip(':. ')}. A Ray worker process ended while the run needed it: most often it ran out of "
+            f"memory (see `dmesg` or the Ray logs), or it was killed. {where}; rerun the same command to resume "
+            "from it.")

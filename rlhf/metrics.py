@@ -1,15 +1,31 @@
 """Run logging: `<run_dir>/metrics.jsonl` (one object per step), TensorBoard, W&B when configured, and the console
-(rlhf.console): a short line every `logging.console_every` steps and at every evaluation, with warnings."""
+(rlhf.console): a short line every `logging.console_every` steps and at every evaluation, with warnings. And the
+phase timer whose `time/...` metrics those rows carry."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import sys
+import time
+from contextlib import contextmanager
 from typing import Optional
 
 from rlhf.config import LoggingConfig
 from rlhf.console import Console, quiet_transformers, step_line, warnings_for
+
+
+class PhaseTimer:
+    """`with timer("rollout"): ...` adds the block's seconds to `times["time/rollout"]`."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + time.perf_counter() - start
 
 
 class MetricsLogger:

@@ -3,23 +3,40 @@ over a step's rounds (`EngineMemory`), and the choice of groups across rounds (`
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
 from algorithms.advantages import choose_groups
-from common.batch import samples_to_batch
+from common.batch import RolloutBatch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
-    """One rollout round: the rows drawn, their samples (n_samples a row, adjacent), the padded batch, each
-    sample's reward, the round's metrics, and which of its groups have rewards that differ."""
+    """One rollout round: the rows drawn, their rollout (n_samples a row, adjacent, with rewards), the round's
+    metrics, and which of its groups have rewards that differ."""
     rows: list[dict]
-    samples: list
-    batch: dict
-    scores: torch.Tensor
+    batch: RolloutBatch
     metrics: dict
     signal: torch.Tensor  # (groups,) bool
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """What the models say about a rollout's tokens before the update (the step's "ref" phase): (B, L-1) fp32 each,
+    zero outside loss_mask, None where nothing asked for it."""
+    old_logprobs: Optional[torch.Tensor]  # the policy's; None when the update's own forward gives them (fused)
+    ref_logprobs: Optional[torch.Tensor]  # the reference's (KL)
+    old_values: Optional[torch.Tensor]  # the critic's (PPO)
+    teacher_logprobs: Optional[torch.Tensor] = None  # the teacher's (on-policy distillation)
+
+
+def teacher_kl(rollout: RolloutBatch, scores: TokenScores) -> Optional[torch.Tensor]:
+    """(B, L-1) log pi(y_t) - log pi_teacher(y_t) on the sampled tokens (the per-token reverse-KL estimate), the
+    student's log-probs being the engine's, those the tokens were sampled with; None without a teacher."""
+    if scores.teacher_logprobs is None:
+        return None
+    return (rollout.rollout_logprobs - scores.teacher_logprobs) * rollout.loss_mask
 
 
 class EngineMemory:
@@ -46,14 +63,14 @@ class EngineMemory:
             self.release()
 
 
-def select_groups(rounds: list[Round], want: int, n: int, pad_id: int):
+def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[RolloutBatch, dict]:
     """The first `want` groups with signal across the rounds (n samples a group), topped up with all-equal ones:
-    (samples, batch, rewards, metrics), the metrics the last round's with the selection's."""
-    groups = [r.samples[g * n:(g + 1) * n] for r in rounds for g in range(len(r.samples) // n)]
+    (their rollout, the metrics: the last round's with the selection's)."""
+    groups = [r.batch.samples[g * n:(g + 1) * n] for r in rounds for g in range(len(r.batch.samples) // n)]
     signal = torch.cat([r.signal for r in rounds])
     chosen = choose_groups(signal, want).tolist()
     samples = [replace(s, prompt_index=i) for i, g in enumerate(chosen) for s in groups[g]]
-    rewards = torch.cat([r.scores.view(-1, n) for r in rounds])[chosen].flatten()
+    rewards = torch.cat([r.batch.rewards.view(-1, n) for r in rounds])[chosen].flatten()
     metrics = {**rounds[-1].metrics, "rollout/kept_group_frac": min(int(signal.sum()), want) / want,
                "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": len(rounds)}
-    return samples, samples_to_batch(samples, pad_id), rewards, metrics
+    return RolloutBatch.of(samples, rewards, pad_id), metrics

@@ -17,6 +17,7 @@ class Workers:
     policy: Any  # ActorGroup of PolicyTrainer
     critic: Optional[Any]  # ActorGroup of Critic (ppo)
     reference: Optional[Any]  # Replicas of ReferenceModel (kl_coef > 0 without LoRA)
+    teacher: Optional[Any]  # Replicas of ReferenceModel on teacher.path (opd)
     reward_model: Optional[Any]  # Replicas of RewardModel (reward.model_path)
     rollout: Any  # RolloutGroup
     lora_reference: bool  # the reference is the policy with its adapter off
@@ -36,6 +37,9 @@ def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
         ranks["critic"] = cfg.trainer.world_size
     if cfg.reward.model_path is not None:
         ranks["reward"] = 1
+    if cfg.teacher.path is not None:  # hosted like the reference: a copy beside each trainer rank on GPUs
+        ranks["teacher"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
+                                           cfg.placement.num_gpus, cfg.trainer.world_size)
     return ranks
 
 
@@ -46,7 +50,7 @@ def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
     train, engines = ranks["policy"] + ranks.get("critic", 0), ranks.get("rollout", 0)
     if cfg.rollout.overlap:
         return train + engines
-    return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0))
+    return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0), ranks.get("teacher", 0))
 
 
 def logprob_temperature(cfg: RunConfig) -> float:
@@ -105,12 +109,12 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
 
     shares_gpu = cfg.placement.num_gpus > 0 and cfg.placement.mode in ("colocate", "hybrid")
     rollout = None if shares_gpu or hybrid else start_engines(None)
-    reward_model, reference = start_scorers(cfg, model_path, placement, ranks, common)
+    reward_model, reference, teacher = start_scorers(cfg, model_path, placement, ranks, common)
     policy = None if shares_gpu and hybrid else start_policy()
     critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
                          model_path=model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                          seed=cfg.seed, **common) if "critic" in ranks else None)
-    for scorer in (reward_model, reference):  # (ActorGroups wait for their ranks already)
+    for scorer in (reward_model, reference, teacher):  # (ActorGroups wait for their ranks already)
         if scorer is not None:
             scorer.ready()
     engines_start = time.perf_counter()
@@ -119,7 +123,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     rollout.ready()
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
                "time/start_engines": time.perf_counter() - engines_start}
-    return Workers(placement, policy, critic, reference, reward_model, rollout,
+    return Workers(placement, policy, critic, reference, teacher, reward_model, rollout,
                    lora_reference=cfg.algorithm.kl_coef > 0 and m.lora.rank > 0, adapter_sync=adapter_sync,
                    startup=startup)
 
@@ -142,7 +146,8 @@ def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, co
 
 def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: dict[str, int],
                   common: dict) -> tuple:
-    """The reward model and reference copies (Replicas, loading in the background), each None when not needed."""
+    """The reward model, reference and teacher copies (Replicas, loading in the background), each None when not
+    needed."""
     from actors.group import Replicas
     from actors.reference import ReferenceModel
     from actors.reward_model import RewardModel
@@ -154,4 +159,28 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
                           logprob_temperature=logprob_temperature(cfg), **common)
                  if "reference" in ranks else None)
-    return reward_model, reference
+    teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], teacher_model(cfg, model_path),
+                        logprob_temperature=logprob_temperature(cfg), **common)
+               if "teacher" in ranks else None)
+    return reward_model, reference, teacher
+
+
+def teacher_model(cfg: RunConfig, student: str) -> str:
+    """teacher.path, checked: a model folder whose vocabulary is the student's (its log-probs are read on the
+    student's token ids)."""
+    import json
+    import os
+
+    from common.errors import UserError
+    path, sizes = cfg.teacher.path, []
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise UserError(f"teacher.path = {path!r}: no config.json there; point it at a local Hugging Face model folder "
+                        "(e.g. the `final` folder an earlier run wrote)")
+    for folder in (path, student):
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            sizes.append(json.load(f).get("vocab_size"))
+    if sizes[0] != sizes[1]:
+        raise UserError(f"teacher.path = {path!r}: its vocabulary has {sizes[0]} tokens, the student's "
+                        f"({student}) {sizes[1]}; distillation reads the teacher on the student's token ids, so both "
+                        "need the same tokenizer")
+    return path

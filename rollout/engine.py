@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
+import torch
+
 
 @dataclass
 class SamplingConfig:
@@ -24,7 +26,7 @@ class Sample:
     prompt_index: int
     prompt_ids: list[int]
     completion_ids: list[int]
-    rollout_logprobs: list[float]
+    rollout_logprobs: torch.Tensor  # (len(completion_ids),) fp32: the engine's log-prob of each completion id
     finish_reason: str  # "stop" (an eos or stop token, kept as the last completion id) or "length"
     # multi-turn (rollout.trajectory): true on the completion ids the model sampled, false on the observations
     # between its turns (their rollout_logprobs are 0); None = every completion id was sampled

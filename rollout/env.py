@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from common.errors import UserError
+from common.errors import UserError, shadowed_import
 
 
 @dataclass
@@ -53,8 +53,9 @@ def load_environment(name: str) -> type:
         raise UserError(f"env.name = {name!r}: write it as package.module:ClassName")
     try:
         cls = getattr(importlib.import_module(module), attr)
-    except ModuleNotFoundError as e:
-        raise UserError(f"env.name = {name!r}: cannot import {module!r} ({e}); is it on PYTHONPATH?") from None
+    except ImportError as e:
+        raise UserError(f"env.name = {name!r}: cannot import {module!r} ({e})"
+                        f"{shadowed_import(e, module) or '; is it on PYTHONPATH?'}") from None
     except AttributeError:
         raise UserError(f"env.name = {name!r}: module {module!r} has no {attr!r}") from None
     if not (isinstance(cls, type) and callable(getattr(cls, "reset", None)) and callable(getattr(cls, "step", None))):

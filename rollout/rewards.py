@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Sequence
 
-from common.errors import UserError
+from common.errors import UserError, shadowed_import
 
 RewardFn = Callable[..., list]
 
@@ -101,8 +101,8 @@ def load_reward_fn(spec: str) -> RewardFn:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise UserError(f"reward.fn = {spec!r}: cannot import module {module_name!r} ({e}); make it importable "
-                        "from the working directory or PYTHONPATH") from None
+        fix = shadowed_import(e, module_name) or "; make it importable from the working directory or PYTHONPATH"
+        raise UserError(f"reward.fn = {spec!r}: cannot import module {module_name!r} ({e}){fix}") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise UserError(f"reward.fn = {spec!r}: module {module_name!r} has no function {attr!r}")

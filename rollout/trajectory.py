@@ -22,6 +22,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
+import torch
+
 from common.options import EnvConfig
 from rollout.engine import EnvOutcome, Sample, SamplingConfig
 from rollout.render import PromptRenderer
@@ -43,7 +45,8 @@ class Trajectory:
     finish_reason: str = "stop"
 
     def sample(self) -> Sample:
-        return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:], self.logprobs,
+        return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:],
+                      torch.tensor(self.logprobs, dtype=torch.float32),
                       self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error))
 
 
@@ -142,7 +145,7 @@ class TrajectoryRunner:
         for t, s in zip(trajs, samples):
             t.ids += s.completion_ids
             t.mask += [True] * len(s.completion_ids)
-            t.logprobs += list(s.rollout_logprobs)
+            t.logprobs += s.rollout_logprobs.tolist()
             t.turns += 1
             t.finish_reason, t.last_turn = s.finish_reason, list(s.completion_ids)
 

@@ -144,6 +144,20 @@ def test_reward_fn_load_errors(spec, needle):
         load_reward_fn(spec)
 
 
+def test_a_user_module_named_like_a_project_package_is_named_in_the_error(tmp_path, monkeypatch):
+    """A user's reward module importing its own common.py (tried as a user would) meets this project's `common`,
+    imported first: the error says so and how to fix it, instead of only "cannot import name"."""
+    import common  # noqa: F401 - as a run has it by the time the reward loads
+    (tmp_path / "common.py").write_text("def helper():\n    return 1.0\n")
+    (tmp_path / "my_reward_mod.py").write_text("from common import helper\n\ndef fn(prompts, completions, **_):\n"
+                                               "    return [helper() for _ in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"this project's package 'common'.*rename your own common.py"):
+        load_reward_fn("my_reward_mod:fn")
+    with pytest.raises(UserError, match=r"cannot import module 'rollout.no_such'.*PYTHONPATH$"):
+        load_reward_fn("rollout.no_such:fn")  # a module of the project itself that does not exist: no such hint
+
+
 def test_reward_fn_wrong_count_or_raising_is_reported_by_name():
     with pytest.raises(UserError, match="bad_count_reward returned 1 rewards for 2 completions"):
         score(bad_count_reward, ["a", "b"], ["x", "y"], {})

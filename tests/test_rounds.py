@@ -2,6 +2,7 @@
 import torch
 
 from algorithms.advantages import informative_groups
+from common.batch import RolloutBatch
 from rlhf.rounds import EngineMemory, Round, select_groups
 from rollout.engine import Sample
 
@@ -37,16 +38,18 @@ def test_engines_wake_once_and_sleep_once_as_soon_as_released():
 def _round(rewards: list[float], first_prompt: int) -> Round:
     samples = [Sample(i // 2, [1], [first_prompt + i // 2], [0.0], "stop") for i in range(len(rewards))]
     scores = torch.tensor(rewards)
-    return Round([], samples, {}, scores, {"rollout/reward_mean": sum(rewards) / len(rewards)},
+    return Round([], RolloutBatch.of(samples, scores, pad_id=0), {"rollout/reward_mean": sum(rewards) / len(rewards)},
                  informative_groups(scores, 2))
 
 
 def test_groups_with_signal_are_chosen_across_rounds_and_renumbered():
     first = _round([1.0, 1.0, 0.0, 1.0], first_prompt=10)  # groups of 2: all-equal, then signal
     second = _round([0.0, 1.0, 0.0, 0.0], first_prompt=20)  # signal, then all-equal
-    samples, batch, rewards, metrics = select_groups([first, second], want=2, n=2, pad_id=0)
-    assert [s.completion_ids[0] for s in samples] == [11, 11, 20, 20]  # the two groups with signal, in order
-    assert [s.prompt_index for s in samples] == [0, 0, 1, 1]
-    assert rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and batch["input_ids"].shape[0] == 4
+    batch, metrics = select_groups([first, second], want=2, n=2, pad_id=0)
+    assert [s.completion_ids[0] for s in batch.samples] == [11, 11, 20, 20]  # the two groups with signal, in order
+    assert [s.prompt_index for s in batch.samples] == [0, 0, 1, 1]
+    assert batch.rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and batch.input_ids.shape[0] == 4
+    assert batch.input_ids[:, 1].tolist() == [11, 11, 20, 20]  # the rows are the chosen samples'
+    assert set(batch.rows()) == {"input_ids", "attention_mask", "loss_mask", "rollout_logprobs"}
     assert metrics["rollout/kept_group_frac"] == 1.0 and metrics["rollout/informative_frac"] == 0.5
     assert metrics["rollout/fill_rounds"] == 2 and metrics["rollout/reward_mean"] == 0.25  # the last round's

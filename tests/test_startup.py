@@ -14,6 +14,28 @@ def test_roles_follow_the_config():
     assert role_ranks(lora, needs_critic=False) == {"policy": 1, "rollout": 1}  # the adapter-off policy is the ref
 
 
+def test_opd_hosts_a_teacher_whose_vocabulary_is_the_students(tmp_path, tiny_model_dir):
+    import json
+    import shutil
+
+    from common.errors import UserError
+    from rlhf.startup import teacher_model
+
+    cfg = load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={tmp_path / 'nowhere'}"])
+    assert role_ranks(cfg, needs_critic=False) == {"policy": 1, "rollout": 1, "teacher": 1}
+    with pytest.raises(UserError, match="teacher.path = .*nowhere.*: no config.json there"):
+        teacher_model(cfg, str(tiny_model_dir))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    cfg = load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={other}"])
+    with pytest.raises(UserError, match="need the same tokenizer"):
+        teacher_model(cfg, str(tiny_model_dir))
+    assert teacher_model(load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={tiny_model_dir}"]),
+                         str(tiny_model_dir)) == str(tiny_model_dir)
+
+
 def _start_and_record(monkeypatch, tmp_path, tiny_model_dir, *overrides) -> list[str]:
     from actors.group import Replicas
     from rollout.group import RolloutGroup

@@ -1,5 +1,7 @@
 """A single on-policy update (one epoch, one mini-batch) takes its old log-probs from the training forward itself:
-the same update as with a separate log-prob pass, and `step_logprobs()` returns that pass's values in row order."""
+the same update as with a separate log-prob pass, and `step_logprobs()` returns that pass's values in row order;
+either way the update reports the rollout's log-prob drift and KL from the old log-probs it holds."""
+import math
 from dataclasses import replace
 
 import pytest
@@ -18,10 +20,18 @@ def test_fused_old_logprobs_give_the_same_update(tiny_model_dir):
     advantages = torch.randn(len(batch["input_ids"]), 1, generator=torch.Generator().manual_seed(0)) \
         * batch["loss_mask"]
     old = separate.compute_logprobs(batch)
-    a = separate.rl_step(dict(batch, old_logprobs=old, advantages=advantages), algo)
-    b = fused.rl_step(dict(batch, advantages=advantages), algo)
+    # an engine 0.25 nats off on every sampled token, and a reference 0.5 off: the update measures both drifts
+    mask = batch["loss_mask"]
+    rollout, ref = (old + 0.25) * mask, (old - 0.5) * mask
+    a = separate.rl_step(dict(batch, old_logprobs=old, advantages=advantages, rollout_logprobs=rollout,
+                              ref_logprobs=ref), algo)
+    b = fused.train_step(dict(batch, rollout_logprobs=rollout, ref_logprobs=ref), algo,
+                         extra={"advantages": advantages})  # the step's extra tensors, merged by the worker
 
     assert torch.allclose(fused.step_logprobs(), old, atol=1e-6)
+    for m in (a, b):
+        assert m["rollout/logprob_diff"] == pytest.approx(0.25, abs=1e-5)
+        assert m["rollout/kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1, abs=1e-5)  # k3 at ref - old = -0.5
     assert b["policy/loss"] == pytest.approx(a["policy/loss"], abs=1e-6)
     for (name, p), q in zip(separate.model.named_parameters(), fused.model.parameters()):
         assert torch.allclose(p, q, atol=1e-6), name

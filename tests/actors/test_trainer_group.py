@@ -67,28 +67,35 @@ def test_two_rank_zero_group_matches_single_process_reference(ray_local, tiny_mo
 
 def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
     """Replicas split the rows (5 over 2 copies: 2 + 3) and concatenate in order: the same log-probs, on every real
-    token, as one model scoring every row in-process."""
+    token, as one model scoring every row in-process; a batch shipped in one shard per copy (common.remote.ship)
+    is scored from its references, the same, and one shipped otherwise from the driver's rows."""
     from actors.group import Replicas
     from actors.reference import ReferenceModel
     from common.batch import pack_sequences
+    from common.remote import ship
 
     batch = pack_sequences([[20, 21, 22]] * 5, [[5, 6], [5, 6, 7, 8, 9], [5], [7, 8, 9], [9, 9]], pad_id=0)
+    four = {k: v[:4] for k, v in batch.items()}
     copies = Replicas(ReferenceModel, "reference model", [{}, {}], tiny_model_dir)
     try:
         copies.ready()
         split = copies.compute_logprobs(batch)
+        shipped = copies.compute_logprobs(ship(four, 2))
+        elsewise = copies.compute_logprobs(ship(four, 4))  # four shards for two copies: cut from the driver's rows
     finally:
         copies.kill()
     whole = ReferenceModel(tiny_model_dir).compute_logprobs(batch)
     assert split.shape == whole.shape == (5, batch["input_ids"].shape[1] - 1)
     real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
     assert torch.allclose(split[real], whole[real], atol=1e-6)
+    assert torch.equal(shipped, split[:4]) and torch.equal(elsewise, split[:4])
 
 
 @pytest.mark.slow
 def test_rows_dealt_to_ranks_by_length_come_back_in_row_order(ray_local, tiny_model_dir):
-    """Token-budget training deals each mini-batch's rows to the ranks by length; the fused old log-probs
-    (step_logprobs) still come back in the batch's order, equal to a separate pass before the update."""
+    """Token-budget training deals each mini-batch's rows to the ranks by length, also for a shipped batch with
+    its extra tensors; the fused old log-probs (step_logprobs) still come back in the batch's order, equal to a
+    separate pass before the update, and the update's rollout/logprob_diff (computed on the ranks) sees that."""
     from actors.policy import PolicyTrainer
     from rlhf.config import AlgorithmConfig
 
@@ -96,9 +103,13 @@ def test_rows_dealt_to_ranks_by_length_come_back_in_row_order(ray_local, tiny_mo
     tr = TrainerConfig(lr=LR, batch_size=16, micro_batch_size=8, warmup_steps=0, max_tokens_per_micro_batch=64)
     group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=tr)
     try:
-        old = group.compute_logprobs(batch)
+        rows = group.ship(batch)
+        old = group.compute_logprobs(rows)
+        assert torch.equal(old, group.compute_logprobs(batch))
         advantages = torch.randn(16, 1, generator=torch.Generator().manual_seed(0)) * batch["loss_mask"]
-        group.train_step(dict(batch, advantages=advantages), AlgorithmConfig(), mini_batches=1)
+        metrics = group.train_step(group.ship(dict(batch, rollout_logprobs=old)), AlgorithmConfig(), mini_batches=1,
+                                   extra={"advantages": advantages})
+        assert metrics["rollout/logprob_diff"] < 1e-6 and metrics["train/grad_norm"] > 0
         assert not torch.equal(group._order, torch.arange(16))  # the rows were dealt, not cut in halves
         real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
         assert torch.allclose(group.step_logprobs()[real], old[real], atol=1e-6)

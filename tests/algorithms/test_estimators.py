@@ -67,3 +67,15 @@ def test_the_table_is_what_the_config_accepts():
     assert [n for n, e in ESTIMATORS.items() if e.needs_critic] == ["ppo"]
     with pytest.raises(ValueError, match="valid: grpo, rloo, reinforce_pp, ppo"):
         estimator("ppo2")
+
+
+def test_opd_advantage_is_the_negative_teacher_kl_per_token_plus_the_weighted_task_advantage():
+    teacher_kl = torch.tensor([[0.5, -0.25], [1.0, 7.0], [0.0, 2.0], [-1.0, 3.0]])  # 7.0 sits outside the mask
+    adv, returns = run("opd", teacher_kl=teacher_kl)  # distillation alone: the rewards play no part
+    assert torch.allclose(adv, torch.tensor([[-0.5, 0.25], [-1.0, 0.0], [0.0, -2.0], [1.0, 0.0]]))
+    assert returns is None
+    mixed, _ = run("opd", teacher_kl=teacher_kl, task_coef=0.5, scale_by_std=False)
+    # group 1's GRPO advantages +-0.5 (Dr. GRPO), group 2's 0; times 0.5 on every sampled token
+    assert torch.allclose(mixed - adv, torch.tensor([[0.25, 0.25], [-0.25, 0.0], [0.0, 0.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="teacher"):
+        run("opd")
