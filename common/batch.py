@@ -92,7 +92,8 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
     rollout = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
     for i, s in enumerate(samples):
         start = len(s.prompt_ids) - 1
-        rollout[i, start:start + len(s.completion_ids)] = torch.as_tensor(s.rollout_logprobs, dtype=torch.float32)
+        # (a copy: arrays Ray hands over from its object store are read-only)
+        rollout[i, start:start + len(s.completion_ids)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     batch["rollout_logprobs"] = rollout
     return batch
 

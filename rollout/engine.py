@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
-import torch
+import numpy as np
 
 
 @dataclass
@@ -26,7 +26,9 @@ class Sample:
     prompt_index: int
     prompt_ids: list[int]
     completion_ids: list[int]
-    rollout_logprobs: torch.Tensor  # (len(completion_ids),) fp32: the engine's log-prob of each completion id
+    # the engine's log-prob of each completion id, (len(completion_ids),) float32: a numpy array crosses processes
+    # compactly (a Python float list, or a small torch tensor with its pickling overhead, is several times larger)
+    rollout_logprobs: np.ndarray
     finish_reason: str  # "stop" (an eos or stop token, kept as the last completion id) or "length"
     # multi-turn (rollout.trajectory): true on the completion ids the model sampled, false on the observations
     # between its turns (their rollout_logprobs are 0); None = every completion id was sampled

@@ -115,7 +115,7 @@ class HFEngine:
             ends = [j for j, t in enumerate(toks) if t in stops]
             stop = bool(ends)
             length = ends[0] + 1 if stop else len(toks)
-            samples.append(Sample(index, prompt, toks[:length], logps[row, :length].clone(),
+            samples.append(Sample(index, prompt, toks[:length], logps[row, :length].numpy().copy(),
                                   "stop" if stop else "length"))
         return samples
 

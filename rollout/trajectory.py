@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
-import torch
+import numpy as np
 
 from common.options import EnvConfig
 from rollout.engine import EnvOutcome, Sample, SamplingConfig
@@ -46,7 +46,7 @@ class Trajectory:
 
     def sample(self) -> Sample:
         return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:],
-                      torch.tensor(self.logprobs, dtype=torch.float32),
+                      np.asarray(self.logprobs, dtype=np.float32),
                       self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error))
 
 

@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from common.net import cache_root
@@ -29,10 +30,10 @@ def no_torch_compile() -> None:
         sys.modules["torch._dynamo.config"].disable = True
 
 
-def sampled_logprobs(flat) -> torch.Tensor:
-    """Each position's sampled-token log-prob, (T,) fp32, from vLLM's FlatLogprobs (logprobs=0: the sampled token
-    alone, and vLLM puts it first at every position, so the flat list is the answer)."""
-    return torch.tensor(flat.logprobs, dtype=torch.float32)[list(flat.start_indices)]
+def sampled_logprobs(flat) -> np.ndarray:
+    """Each position's sampled-token log-prob, (T,) float32, from vLLM's FlatLogprobs (logprobs=0: the sampled token
+    alone, and vLLM puts it first at every position)."""
+    return np.asarray(flat.logprobs, dtype=np.float32)[list(flat.start_indices)]
 
 
 def mapped_shm(pids: list[int]) -> set[str]:
