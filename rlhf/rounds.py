@@ -1,5 +1,6 @@
 """The rollout phase's parts that are not the controller's: one round's result (`Round`), the engines' GPU memory
-over a step's rounds (`EngineMemory`), and the choice of groups across rounds (`select_groups`)."""
+over a step's rounds (`EngineMemory`), and the choice of groups across rounds (`select_groups`); and what the
+models say about the chosen rollout's tokens before the update (`TokenScores`, and from it `teacher_kl`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
