@@ -26,12 +26,9 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.helpers import print_table  # noqa: E402
 
-SETTINGS = {
-    "clip": [],
-    "gspo": ["algorithm.clip_low=3e-4", "algorithm.clip_high=4e-4", "algorithm.loss_agg=seq-mean-token-mean"],
-    "gspo_token": ["algorithm.clip_low=3e-4", "algorithm.clip_high=4e-4", "algorithm.loss_agg=seq-mean-token-mean"],
-    "cispo": ["algorithm.clip_low=1.0", "algorithm.clip_high=0.28"],
-}
+GSPO = ["algorithm.clip_low=3e-4", "algorithm.clip_high=4e-4", "algorithm.loss_agg=seq-mean-token-mean"]
+SETTINGS = {"clip": [], "gspo": GSPO, "gspo_token": GSPO,
+            "cispo": ["algorithm.clip_low=1.0", "algorithm.clip_high=0.28"]}
 CACHE = os.path.join(ROOT, ".cache", "objectives")
 
 

@@ -288,7 +288,7 @@ class RLController:
         a = self.cfg.algorithm
         if not a.overlong_buffer:
             return None
-        lengths = torch.tensor([len(s.completion_ids) for s in rollout.samples])
+        lengths = rollout.loss_mask.sum(-1)  # single-turn (validated): the completion's tokens
         return overlong_penalty(lengths, self.cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
 
     def _advantages(self, rollout: RolloutBatch, scores: TokenScores, overlong: Optional[torch.Tensor],

@@ -159,7 +159,8 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
                           logprob_temperature=logprob_temperature(cfg), **common)
                  if "reference" in ranks else None)
-    teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], teacher_model(cfg, model_path),
+    # (teacher.path was checked against the student by the controller, before Ray started: teacher_model)
+    teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path,
                         logprob_temperature=logprob_temperature(cfg), **common)
                if "teacher" in ranks else None)
     return reward_model, reference, teacher

@@ -49,8 +49,7 @@ class HFEngine:
                                                      trust_remote_code=trust_remote_code)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         renderer = PromptRenderer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-        self._setup(model.eval().to(device), renderer.eos_id, renderer.pad_id, batch_size)
-        self.tempered_logprobs = tempered_logprobs
+        self._setup(model.eval().to(device), renderer.eos_id, renderer.pad_id, batch_size, tempered_logprobs)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, renderer
 
     @classmethod
@@ -60,10 +59,10 @@ class HFEngine:
         engine._setup(model, eos_id, pad_id, batch_size)
         return engine
 
-    def _setup(self, model, eos_id: int, pad_id: int, batch_size: int) -> None:
+    def _setup(self, model, eos_id: int, pad_id: int, batch_size: int, tempered_logprobs: bool = False) -> None:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
         self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
-        self.tempered_logprobs = False
+        self.tempered_logprobs = tempered_logprobs
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
