@@ -116,7 +116,7 @@ class PolicyTrainer:
                                   clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                                   rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
                                   agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len,
-                                  surrogate=algo.policy_loss)
+                                  surrogate=algo.policy_loss, tis_mask=algo.tis_bounds())
             m.update(_rollout_checks(old, mb, algo))
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)

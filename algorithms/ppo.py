@@ -10,20 +10,23 @@ from algorithms.common import aggregate_loss, masked_mean
 from algorithms.policy_losses import LOG_RATIO_CLAMP, POLICY_LOSSES
 
 
-
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: Optional[float] = None,
                 rollout_logprobs: Optional[torch.Tensor] = None, tis_cap: Optional[float] = None,
                 agg: str = "token-mean", normalizer: Optional[float] = None,
-                max_len: Optional[int] = None, surrogate: str = "clip") -> tuple[torch.Tensor, dict]:
+                max_len: Optional[int] = None, surrogate: str = "clip",
+                tis_mask: Optional[tuple[float, float]] = None) -> tuple[torch.Tensor, dict]:
     """The policy loss, all inputs (B, T), mask bool: `surrogate` names the per-token loss in
     algorithms.policy_losses.POLICY_LOSSES (clip = PPO's clipped ratio, Schulman et al. 2017, with DAPO's asymmetric
     "clip-higher" range, Yu et al. 2025; gspo, gspo_token, cispo).
 
     dual_clip = c > 1 caps the clip surrogate's loss of negative-advantage tokens at -c A (Ye et al. 2020).
     rollout_logprobs + tis_cap weight each token by min(pi_old / pi_rollout, tis_cap), the truncated importance
-    sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025). `normalizer`, `max_len`: see aggregate_loss.
-    Returns (loss, metrics with the clipped fraction, approximate KL to pi_old and mean token ratio).
+    sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025) and for samples from older weights
+    (asynchronous RL); `tis_mask` = (low, high) zeroes the tokens whose pi_old / pi_rollout falls outside [low, high]
+    (IcePop; without tis_cap the others keep the plain ratio as weight). `normalizer`, `max_len`: see aggregate_loss.
+    Returns (loss, metrics with the clipped fraction, approximate KL to pi_old and mean token ratio, and the shares
+    of tokens capped and masked by the importance weight).
     """
     if surrogate not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {surrogate!r}; valid: {', '.join(POLICY_LOSSES)}")
@@ -32,17 +35,33 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         if dual_clip <= 1 or surrogate != "clip":
             raise ValueError(f"dual_clip must be > 1 and is for the clip surrogate; got {dual_clip} with {surrogate}")
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
-    if rollout_logprobs is not None and tis_cap is not None:
-        weight = torch.exp((old_logprobs - rollout_logprobs).clamp(max=LOG_RATIO_CLAMP)).clamp(max=tis_cap)
-        loss_mat = loss_mat * weight.detach()
+    metrics = {}
+    if rollout_logprobs is not None and (tis_cap is not None or tis_mask is not None):
+        weight, metrics = behaviour_weight(old_logprobs, rollout_logprobs, mask, tis_cap, tis_mask)
+        loss_mat = loss_mat * weight
     loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, max_len=max_len)
     log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).detach()
-    metrics = {
+    metrics.update({
         "policy/clip_frac": masked_mean(clipped.float(), mask),
         "policy/approx_kl": masked_mean(0.5 * log_ratio.square(), mask),
         "policy/ratio_mean": masked_mean(torch.exp(log_ratio), mask),
-    }
+    })
     return loss, metrics
+
+
+def behaviour_weight(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                     cap: Optional[float], bounds: Optional[tuple[float, float]]) -> tuple[torch.Tensor, dict]:
+    """(B, T) detached importance weight of each token for pi_old over the policy that sampled it: the ratio
+    capped at `cap`, and zero where the ratio is outside `bounds`; with the shares of tokens capped and masked."""
+    ratio = torch.exp((old_logprobs - rollout_logprobs).clamp(max=LOG_RATIO_CLAMP)).detach()
+    weight = ratio if cap is None else ratio.clamp(max=cap)
+    metrics = {"policy/tis_capped_frac": masked_mean((ratio > cap).float(), mask) if cap is not None
+               else torch.zeros(())}
+    if bounds is not None:
+        outside = (ratio < bounds[0]) | (ratio > bounds[1])
+        weight = weight.masked_fill(outside, 0.0)
+        metrics["policy/tis_masked_frac"] = masked_mean(outside.float(), mask)
+    return weight, metrics
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

@@ -53,7 +53,13 @@ class AlgorithmConfig:
     clip_high: float = 0.2  # PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO raises it, e.g. 0.28)
     # dual-clip PPO: the loss of a negative-advantage token is bounded at this ratio (e.g. 3); null = off
     dual_clip: Optional[float] = None
-    tis_cap: Optional[float] = None  # truncated importance sampling for rollout/trainer mismatch
+    # truncated importance sampling: each token's loss weighted by min(pi_old / pi_rollout, tis_cap), for the
+    # rollout/trainer mismatch and for samples of older weights; null = off (2.0 under rollout.max_staleness > 0)
+    tis_cap: Optional[float] = None
+    # IcePop's masking: a token whose pi_old / pi_rollout is below tis_mask_low or above tis_mask_high is left out of
+    # the loss; null = off (0.5 and 5.0 under rollout.max_staleness > 0)
+    tis_mask_low: Optional[float] = None
+    tis_mask_high: Optional[float] = None  # the mask's upper bound (see tis_mask_low)
     # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
     # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
     policy_loss: str = "clip"
@@ -81,6 +87,10 @@ class AlgorithmConfig:
     # prompts generated per rollout round = oversample x rollout.prompts_per_step; the step trains on the first
     # prompts_per_step groups whose rewards differ (topped up with all-equal ones): informative groups in one round
     oversample: float = 1.0
+
+    def tis_bounds(self) -> Optional[tuple[float, float]]:
+        """(tis_mask_low, tis_mask_high), or None when masking is off."""
+        return None if self.tis_mask_low is None else (self.tis_mask_low, self.tis_mask_high)
 
 
 @dataclass

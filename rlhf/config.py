@@ -16,7 +16,7 @@ from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
 from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
-from rlhf.config_rollout import validate_env, validate_sync
+from rlhf.config_rollout import validate_async, validate_env, validate_sync
 from rlhf.tasks import TASKS
 from rollout.rewards import BUILTIN as BUILTIN_REWARDS
 
@@ -124,9 +124,12 @@ class RolloutConfig:
     lora_sync: str = "adapter"  # with LoRA and vLLM: adapter (send only the adapter) | merged (full merged weights)
     # warn when mean |rollout - trainer log-prob| exceeds this; null = by model.dtype (LOGPROB_DIFF_WARN)
     logprob_diff_warn: Optional[float] = None
-    # one-step off-policy: the engines generate step t+1's rollout while step t trains (needs algorithm.tis_cap;
-    # not with dynamic sampling, nor colocated on GPUs); rollout/logprob_diff then includes one update's change
-    overlap: bool = False
+    # asynchronous RL: the engines generate ahead while the trainer trains, a sample's oldest token at most this many
+    # updates behind the trained weights (paced: nothing is discarded); 0 = generate, then train (docs/async.md)
+    max_staleness: int = 0
+    # max_staleness > 0: generations run in chunks of this many tokens, between which a weight sync can interrupt
+    # them (they continue under the new weights)
+    chunk_tokens: int = 32
     # an engine whose process dies (OOM, preemption) is restarted up to this many times: the current weights are
     # pushed into it and its share of the generation is redone (rollout/engine_restarts); 0 = a death ends the run
     max_engine_restarts: int = 3
@@ -346,17 +349,9 @@ def _validate_rl(cfg: RunConfig, bad, choice, positive) -> None:
     choice("rollout.engine", r.engine, ENGINES)
     choice("rollout.lora_sync", r.lora_sync, LORA_SYNC)
     choice("rollout.sync_channel", r.sync_channel, SYNC_CHANNELS)
-    if r.overlap and (a.dynamic_sampling or a.oversample != 1):
-        bad("rollout.overlap", True, "cannot choose among groups of a rollout that was generated ahead; set "
-            "algorithm.dynamic_sampling=false and algorithm.oversample=1, or rollout.overlap=false")
     if a.oversample < 1:
         bad("algorithm.oversample", a.oversample, "must be >= 1 (prompts generated per round / prompts_per_step)")
-    if r.overlap and a.tis_cap is None:
-        bad("rollout.overlap", True, "trains on rollouts from the weights one update old: set algorithm.tis_cap "
-            "(e.g. 2.0), whose importance weight pi_old/pi_rollout corrects for that (decoupled PPO)")
-    if r.overlap and cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
-        bad("rollout.overlap", True, "colocated roles take turns on the GPUs, so nothing can overlap; use "
-            "placement.mode=split or rollout.overlap=false")
+    validate_async(cfg, bad, positive)
     validate_sync(cfg, bad)
     validate_env(cfg, bad, choice, positive)
     validate_objective(cfg, bad, choice)

@@ -26,6 +26,10 @@ def validate_objective(cfg: RunConfig, bad, choice) -> None:
             f"{a.policy_loss} set it to null")
     if a.tis_cap is not None and a.tis_cap <= 0:
         bad("algorithm.tis_cap", a.tis_cap, "must be > 0 (e.g. 2.0), or null to disable")
+    bounds = (a.tis_mask_low, a.tis_mask_high)
+    if (bounds[0] is None) != (bounds[1] is None) or (bounds[0] is not None and not 0 < bounds[0] <= 1 <= bounds[1]):
+        bad("algorithm.tis_mask_low/tis_mask_high", bounds, "set both (0 < low <= 1 <= high, e.g. 0.5 and 5.0), or "
+            "neither")
     if not 0 <= a.overlong_buffer < r.max_new_tokens:
         bad("algorithm.overlong_buffer", a.overlong_buffer, f"must be >= 0 (0 = off) and below rollout.max_new_tokens "
             f"= {r.max_new_tokens}: the penalty ramps over the last overlong_buffer tokens of the budget")

@@ -18,6 +18,11 @@ from common.net import cache_root
 OmegaConf.register_resolver("rlhf_cache", cache_root, replace=True)
 
 
+# keys that existed once, with what a config says instead
+REPLACED = {"rollout.overlap": "set rollout.max_staleness: 1 instead (the engines generate at most one update ahead; "
+                               "docs/async.md)"}
+
+
 def load_yaml(path: str, schema: type) -> DictConfig:
     if not os.path.isfile(path):
         raise UserError(f"config file not found: {path} (pass an existing YAML file to --config, e.g. "
@@ -76,6 +81,8 @@ def merge(base: DictConfig, extra: DictConfig, schema: type, source: str, lines:
     except OmegaConfBaseException as e:
         key = e.full_key or getattr(e, "key", None) or "?"
         where = f"{source}:{lines[key]}" if key in lines else source
+        if isinstance(e, ConfigKeyError) and key in REPLACED:
+            raise UserError(f"{where}: '{key}' was replaced: {REPLACED[key]}") from None
         if isinstance(e, ConfigKeyError):
             raise UserError(f"{where}: unknown key '{key}'{_did_you_mean(key, schema)}") from None
         value = getattr(e, "value", None)

@@ -8,6 +8,10 @@ from dataclasses import replace
 from rlhf.config import RunConfig, logprob_diff_warn
 
 
+ASYNC_TIS_CAP = 2.0  # rollout.max_staleness > 0: algorithm.tis_cap unless set
+ASYNC_TIS_MASK = (0.5, 5.0)  # and tis_mask_low / tis_mask_high (IcePop's bounds)
+
+
 def resolved(cfg: RunConfig) -> RunConfig:
     from algorithms.estimators import estimator
     from rlhf.placement import cpu_threads, multiprocess_engine, reference_ranks, seed_per_prompt
@@ -19,6 +23,10 @@ def resolved(cfg: RunConfig) -> RunConfig:
                       seed_per_prompt=seed_per_prompt(r.seed_per_prompt, pl.num_gpus),
                       multiprocess=False if hybrid else multiprocess_engine(r.multiprocess, pl.num_gpus))
     algorithm = replace(a, loss_norm_len=a.loss_norm_len or r.max_new_tokens)
+    if r.max_staleness > 0:  # samples of older weights: the off-policy correction is on unless set
+        algorithm = replace(algorithm, tis_cap=a.tis_cap or ASYNC_TIS_CAP,
+                            tis_mask_low=a.tis_mask_low or ASYNC_TIS_MASK[0],
+                            tis_mask_high=a.tis_mask_high or ASYNC_TIS_MASK[1])
     placement = replace(pl, reference_ranks=reference_ranks(pl.reference_ranks, pl.mode, pl.num_gpus,
                                                             cfg.trainer.world_size))
     out = replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement)

@@ -22,11 +22,29 @@ def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
     for key in ("max_turns", "timeout_s", "num_workers"):
         positive(f"env.{key}", getattr(e, key))
     choice("env.observation_role", e.observation_role, ("user", "tool"))
-    if cfg.rollout.overlap:
-        bad("rollout.overlap", True, "multi-turn rollouts (env.name) are generated within their step; set "
-            "rollout.overlap=false")
     if cfg.reward.model_path is not None:
         bad("reward.model_path", cfg.reward.model_path, "with env.name the environment gives the rewards; unset one")
+
+
+def validate_async(cfg: RunConfig, bad, positive) -> None:
+    """rollout.max_staleness > 0: what can run ahead of the trainer (docs/async.md)."""
+    r, a = cfg.rollout, cfg.algorithm
+    positive("rollout.chunk_tokens", r.chunk_tokens)
+    if r.max_staleness < 0:
+        bad("rollout.max_staleness", r.max_staleness, "must be >= 0 (0 = synchronous; K = samples at most K updates "
+            "behind the trained weights)")
+    if r.max_staleness == 0:
+        return
+    if a.dynamic_sampling or a.oversample != 1:
+        bad("rollout.max_staleness", r.max_staleness, "the groups of an asynchronous rollout are generated ahead, "
+            "one step's prompts at a time, not chosen among: set algorithm.dynamic_sampling=false and "
+            "algorithm.oversample=1, or rollout.max_staleness=0")
+    if cfg.env.name is not None:
+        bad("rollout.max_staleness", r.max_staleness, "multi-turn rollouts (env.name) are generated within their "
+            "step, their turns interleaved with the environment's: set rollout.max_staleness=0")
+    if cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
+        bad("rollout.max_staleness", r.max_staleness, "colocated roles take turns on the GPUs (the engines sleep "
+            "while the trainers train), so nothing can run ahead: use placement.mode=split, or max_staleness=0")
 
 
 def validate_sync(cfg: RunConfig, bad) -> None:
@@ -67,6 +85,6 @@ def validate_hybrid(cfg: RunConfig, bad) -> None:
     if r.multiprocess:
         bad("rollout.multiprocess", True, "placement.mode=hybrid keeps the engine core in the trainer's process "
             "(the sync passes tensors by reference): set rollout.multiprocess=null, or placement.mode=colocate")
-    if r.overlap:
-        bad("rollout.overlap", True, "placement.mode=hybrid generates and trains in one process, one after the "
-            "other: set rollout.overlap=false, or placement.mode=split")
+    if r.max_staleness > 0:
+        bad("rollout.max_staleness", r.max_staleness, "placement.mode=hybrid generates and trains in one process, one "
+            "after the other, so nothing can run ahead: set rollout.max_staleness=0, or placement.mode=colocate/split")

@@ -27,7 +27,8 @@ from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, make_renderer, prompt_rows
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point, worker_died
-from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, since_launch, startup_line
+from rlhf.async_rollout import staleness_metrics
+from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
 from rlhf.rounds import EngineMemory, Round, TokenScores, select_groups, teacher_kl
 from rlhf.startup import teacher_model
@@ -54,7 +55,6 @@ class RLController:
             if cfg.teacher.path is not None:
                 teacher_model(cfg, self.model_path)
         self.warn_at = logprob_diff_warn(cfg)
-        self.pending, self.pending_prompts = None, None  # rollout.overlap: the next step's rollout, in flight
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
         # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
         # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
@@ -73,6 +73,8 @@ class RLController:
             from rollout.trajectory import TrajectoryRunner
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
                                                  cfg.env, r.max_model_len)
+        self.pipeline = self._async_rollout() if r.max_staleness > 0 else None  # generating ahead, in a thread
+        self.trained_rows = TrainedRows(cfg.output_dir)
         self.startup = {**clock.times, **self.startup, "time/start_since_launch": since_launch()}
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name,
                                     max_new_tokens=cfg.rollout.max_new_tokens)
@@ -98,6 +100,17 @@ class RLController:
         if r.max_engine_restarts > 0 and not self.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
             self.rollout.on_restart = self._engine_restarted
 
+    def _async_rollout(self):
+        from rlhf.async_rollout import AsyncRollout
+
+        def encode(row_ids: list[int]):
+            prompts = [self.prompts.rows[i]["prompt"] for i in row_ids]
+            return [self.renderer.prompt_ids(p) for p in prompts], self.renderer.stop_ids(prompts)
+
+        r = self.cfg.rollout
+        return AsyncRollout(self.rollout, self.prompts, encode, self._sampling(0, 0, ()), r.max_staleness,
+                            r.chunk_tokens, self.cfg.trainer.max_steps)
+
     def _setup_sync(self) -> None:
         """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
         from rollout.sync import setup_sync
@@ -117,7 +130,7 @@ class RLController:
     def step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
         t = PhaseTimer()
-        rollout, metrics = self._collect(step, t)  # timed as rollout + reward
+        rollout, metrics, row_ids = self._collect(step, t)  # timed as rollout + reward
         shipped = self.policy.ship(rollout.rows())  # put once: every worker call of the step passes its references
         with t("ref"):
             scores = self._token_scores(shipped)
@@ -132,7 +145,7 @@ class RLController:
                 metrics.update(self.critic.train_step(shipped, a, deal, extra={"old_values": scores.old_values,
                                                                                "returns": returns}))
         with t("sync"):
-            self._sync_weights()
+            self._sync_weights(step)
         if self.verified:  # rollout.verify_sync_every: this step's sync was checked, tensor by tensor
             metrics["rollout/sync_verified_tensors"], self.verified = float(self.verified), 0
         metrics.update(self._rollout_metrics(rollout, kl, metrics))
@@ -140,8 +153,9 @@ class RLController:
             metrics["rollout/overlong_penalty_mean"] = overlong.mean().item()
         if distill is not None:  # opd: how far the student's samples are from the teacher
             metrics["rollout/teacher_kl"] = masked_mean(distill, rollout.loss_mask).item()
-        # sampled tokens per second of the rollout phase (the console's throughput figure)
-        metrics["perf/rollout_tokens_per_s"] = rollout.loss_mask.sum().item() / max(t.times["time/rollout"], 1e-9)
+        if self.pipeline is None:  # sampled tokens per second of the rollout phase (generated ahead: no such phase)
+            metrics["perf/rollout_tokens_per_s"] = rollout.loss_mask.sum().item() / max(t.times["time/rollout"], 1e-9)
+        self.trained_rows.write(step, row_ids)
         return {**metrics, **t.times}
 
     def _token_scores(self, shipped: Shipped) -> TokenScores:
@@ -163,12 +177,13 @@ class RLController:
             extra["ref_logprobs"] = scores.ref_logprobs
         return extra
 
-    def _sync_weights(self) -> None:
-        """After an update. Under rollout.overlap the engines first finish the rollout in flight, waited for under
-        its own deadline: a sync sent now would wait behind it, and the sync's deadline would have to cover it."""
-        if self.pending is not None:
-            self.rollout.collect(self.pending[1])
-        self._push_weights()
+    def _sync_weights(self, version: int) -> None:
+        """After update `version` (or a resume from it). Generating ahead (rollout.max_staleness), the engines finish
+        their chunk first: a sync sent now would wait behind it, and its deadline would have to cover it."""
+        if self.pipeline is not None:
+            self.pipeline.synced(self._push_weights, version)
+        else:
+            self._push_weights()
 
     def _push_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
@@ -186,8 +201,8 @@ class RLController:
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
-    def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float]]:
-        """Generate and score `prompts_per_step` groups: (their rollout, metrics). Each round generates
+    def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float], list[int]]:
+        """Generate and score `prompts_per_step` groups: (their rollout, metrics, their dataset rows). Each round generates
         `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
         algorithm.dynamic_sampling (DAPO, Yu et al. 2025: further rounds until enough groups have signal), the step
         trains on the groups whose rewards are not all equal (an all-equal group has zero advantage), topped up
@@ -195,10 +210,10 @@ class RLController:
         a, want = self.cfg.algorithm, self.cfg.rollout.prompts_per_step
         self._offload_trainers(t)
         selecting = a.dynamic_sampling or self.per_round > want
-        with EngineMemory(self.rollout, asleep_between_steps=not self.cfg.rollout.overlap) as engines:
+        with EngineMemory(self.rollout, asleep_between_steps=self.pipeline is None) as engines:
             if not selecting:  # the engines free the GPU for the reward and reference models as soon as they are done
                 r = self._round(step, 0, t, done_generating=engines.release)
-                return r.batch, r.metrics
+                return r.batch, r.metrics, r.row_ids
             rounds = []
             for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
                 rounds.append(self._round(step, attempt, t))
@@ -216,32 +231,33 @@ class RLController:
                         group.offload()
 
     def _round(self, step: int, attempt: int, t: PhaseTimer, done_generating: Callable[[], None] = lambda: None):
-        """One rollout round: generate (or take the overlapped generation), then score; the first is dumped."""
+        """One rollout round: generate (or take what was generated ahead), then score; the first is dumped."""
         with t("rollout"):
-            rows, samples, metrics = self._overlapped(step) if self.cfg.rollout.overlap else \
-                self._generate(step, attempt)
+            row_ids, samples, metrics = self._generate(step, attempt)
+        rows = [self.prompts.rows[i] for i in row_ids]
         done_generating()
         packed = samples_to_batch(samples, self.renderer.pad_id)
         with t("reward"):
             scores, scored = self._score(rows, samples, packed)
         if attempt == 0:
             self.dumps.write(step, rows, samples, scores, self.renderer)
-        return Round(rows, RolloutBatch.of(samples, scores, self.renderer.pad_id, packed), {**metrics, **scored},
-                     informative_groups(scores, self.cfg.rollout.n_samples))
+        return Round(row_ids, RolloutBatch.of(samples, scores, self.renderer.pad_id, packed),
+                     {**metrics, **scored}, informative_groups(scores, self.cfg.rollout.n_samples))
 
-    def _generate(self, step: int, attempt: int = 0):
-        """(rows, samples, metrics) of a rollout generated now, as `_overlapped` returns them."""
+    def _generate(self, step: int, attempt: int = 0) -> tuple[list[int], list, dict[str, float]]:
+        """(dataset rows, their samples, metrics) of step `step`'s rollout: generated now, or ahead (as it finishes;
+        its metrics say how stale)."""
+        if self.pipeline is not None:
+            ahead = self.pipeline.take(step)
+            samples = ahead.samples(self.cfg.rollout.n_samples)
+            return ahead.row_ids, samples, staleness_metrics(samples, trainer_version=step - 1)
+        row_ids = self.prompts.next_ids()
+        prompts = [self.prompts.rows[i].get("prompt") for i in row_ids]
         if self.trajectories is not None:  # whole multi-turn trajectories (their stop ids: the runner's)
-            rows = self.prompts.next()
-            return rows, self.trajectories.run(rows, self._sampling(step, attempt, ())), {}
-        rows, submitted = self._submit(step, attempt)
-        return rows, self.rollout.collect(submitted), {}
-
-    def _submit(self, step: int, attempt: int = 0):
-        rows = self.prompts.next()
-        ids = [self.renderer.prompt_ids(x["prompt"]) for x in rows]
-        stops = self.renderer.stop_ids([x["prompt"] for x in rows])
-        return rows, self.rollout.submit(ids, self._sampling(step, attempt, stops))
+            rows = [self.prompts.rows[i] for i in row_ids]
+            return row_ids, self.trajectories.run(rows, self._sampling(step, attempt, ())), {}
+        sampling = self._sampling(step, attempt, self.renderer.stop_ids(prompts))
+        return row_ids, self.rollout.generate([self.renderer.prompt_ids(p) for p in prompts], sampling), {}
 
     def _sampling(self, step: int, attempt: int, stops: tuple[int, ...]) -> SamplingConfig:
         r = self.cfg.rollout
@@ -253,22 +269,6 @@ class RLController:
         if not seed_per_prompt(self.cfg.rollout.seed_per_prompt, self.cfg.placement.num_gpus):
             return None
         return self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101
-
-    def _overlapped(self, step: int):
-        """rollout.overlap (one-step off-policy): this step trains on the rollout submitted during the previous
-        step, generated by the weights before that step's update, while the engines already generate the next
-        step's rollout with the current weights. The sync after training waits for that generation to finish."""
-        if self.pending is not None:
-            rows, submitted, self.pending = *self.pending, None
-            off_policy = 1.0
-        else:  # the first step, or the first after a resume: nothing in flight
-            rows, submitted = self._submit(step)
-            off_policy = 0.0
-        samples = self.rollout.collect(submitted)
-        if step < self.cfg.trainer.max_steps:
-            self.pending_prompts = self.prompts.state()  # a checkpoint resumes here: the next rollout is redone
-            self.pending = self._submit(step + 1)
-        return rows, samples, {"rollout/off_policy_steps": off_policy}
 
     def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Rewards from the reward model when configured (the task's own reward is then only logged), else from
@@ -311,7 +311,7 @@ class RLController:
         """The rollout's metrics; its log-prob drift (and, with KL as a loss term, its KL) came from the update,
         which holds the old log-probs."""
         diff = trained.get("rollout/logprob_diff", 0.0)
-        if diff > self.warn_at and not self.cfg.rollout.overlap:  # else it holds an update
+        if diff > self.warn_at and self.pipeline is None:  # else it holds updates
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
@@ -351,8 +351,8 @@ class RLController:
         self.policy.save_hf(os.path.join(folder, "policy_hf"), self.model_path)
 
     def driver_state(self) -> dict:
-        """Under rollout.overlap the next step's rollout is in flight: a resume redoes it from its prompts."""
-        return {"prompts": self.pending_prompts if self.pending else self.prompts.state()}
+        """The data position; generating ahead, also the prompts in flight with their tokens at the last sync."""
+        return self.pipeline.snapshot if self.pipeline is not None else {"prompts": self.prompts.state()}
 
     def restore(self, folder: str, state: dict) -> None:
         """The checkpoint's weights and optimizer states into the workers, its weights into the engines."""
@@ -360,7 +360,9 @@ class RLController:
         if self.critic is not None:
             self.critic.load_checkpoint(folder)
         self.prompts.load_state(state["prompts"])
-        self._sync_weights()
+        if self.pipeline is not None:
+            self.pipeline.load_state(state.get("async"), state["step"])
+        self._sync_weights(state["step"])
 
     def save_final(self, out: str) -> None:
         self.policy.save_hf(out, self.model_path)
@@ -368,7 +370,8 @@ class RLController:
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
         raises again, and that must neither mask the first error nor leave the other parts running."""
-        parts = [("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
+        parts = [("rollout ahead", self.pipeline.close if self.pipeline is not None else lambda: None),
+                 ("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
                  ("policy trainers", self.policy.kill)]
         if self.critic is not None:
             parts.append(("critic", self.critic.kill))

@@ -214,12 +214,16 @@ class BatchIterator:
         return order
 
     def next(self) -> list:
+        return [self.rows[i] for i in self.next_ids()]
+
+    def next_ids(self) -> list[int]:
+        """The next batch as indices into `rows` (a run's trained_rows.jsonl records them)."""
         if self.index + self.batch_size > len(self.rows):  # drop the ragged tail, start a new epoch
             self.epoch, self.index = self.epoch + 1, 0
             self._order = self._shuffle()
         picked = self._order[self.index:self.index + self.batch_size]
         self.index += self.batch_size
-        return [self.rows[i] for i in picked]
+        return picked
 
     def state(self) -> dict:
         return {"epoch": self.epoch, "index": self.index}

@@ -93,12 +93,13 @@ class Stage(Protocol):
 
 
 def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
-    """The newest complete checkpoint and its driver state, or (None, None); metrics.jsonl is cut to match: the
-    steps after the checkpoint are redone and logged once, and a run killed before its first checkpoint starts
-    over with a new file. Call it before anything appends to the run folder."""
+    """The newest complete checkpoint and its driver state, or (None, None); metrics.jsonl and trained_rows.jsonl are
+    cut to match: the steps after the checkpoint are redone and logged once, and a run killed before its first
+    checkpoint starts over with new files. Call it before anything appends to the run folder."""
     folder = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
     state = checkpoint.load_driver_state(folder) if folder else None
-    checkpoint.truncate_metrics(cfg.output_dir, state["step"] if state else -1)
+    for name in ("metrics.jsonl", "trained_rows.jsonl"):
+        checkpoint.truncate_metrics(cfg.output_dir, state["step"] if state else -1, name)
     return folder, state
 
 

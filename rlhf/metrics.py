@@ -80,6 +80,21 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+class TrainedRows:
+    """`<output_dir>/trained_rows.jsonl`: one line a step, `{"step": s, "rows": [dataset row indices it trained]}`,
+    cut back to the checkpoint on a resume like metrics.jsonl: whoever wants to can count that each prompt of an
+    epoch was trained once."""
+
+    NAME = "trained_rows.jsonl"
+
+    def __init__(self, output_dir: str):
+        self.path = os.path.join(output_dir, self.NAME)
+
+    def write(self, step: int, rows: list[int]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "rows": [int(i) for i in rows]}) + "\n")
+
+
 class RolloutDumps:
     """`<run_dir>/rollouts.jsonl`: every `logging.rollouts_every` steps, the first `logging.rollouts_per_step`
     samples of that step's rollout: the prompt as the model saw it (special tokens and chat template included), the

@@ -14,9 +14,9 @@ from common.batch import RolloutBatch
 
 @dataclass(frozen=True)
 class Round:
-    """One rollout round: the rows drawn, their rollout (n_samples a row, adjacent, with rewards), the round's
-    metrics, and which of its groups have rewards that differ."""
-    rows: list[dict]
+    """One rollout round: the rows drawn (dataset row indices), their rollout (n_samples a row, adjacent, with
+    rewards), the round's metrics, and which of its groups have rewards that differ."""
+    row_ids: list[int]
     batch: RolloutBatch
     metrics: dict
     signal: torch.Tensor  # (groups,) bool
@@ -43,7 +43,7 @@ def teacher_kl(rollout: RolloutBatch, scores: TokenScores) -> Optional[torch.Ten
 class EngineMemory:
     """GPU colocation: the engines are awake for a step's rollout rounds and asleep again once nothing more will be
     generated (`release`, or leaving the block), so the reward and reference models and the trainers get the GPU.
-    Under rollout.overlap they never sleep: a generation is always in flight."""
+    Generating ahead (rollout.max_staleness) they never sleep: a generation is always in flight."""
 
     def __init__(self, rollout, asleep_between_steps: bool):
         self.rollout, self.active, self.awake = rollout, asleep_between_steps, False
@@ -64,9 +64,9 @@ class EngineMemory:
             self.release()
 
 
-def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[RolloutBatch, dict]:
+def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[RolloutBatch, dict, list[int]]:
     """The first `want` groups with signal across the rounds (n samples a group), topped up with all-equal ones:
-    (their rollout, the metrics: the last round's with the selection's)."""
+    (their rollout, the metrics: the last round's with the selection's, their dataset rows)."""
     groups = [r.batch.samples[g * n:(g + 1) * n] for r in rounds for g in range(len(r.batch.samples) // n)]
     signal = torch.cat([r.signal for r in rounds])
     chosen = choose_groups(signal, want).tolist()
@@ -74,4 +74,5 @@ def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[
     rewards = torch.cat([r.batch.rewards.view(-1, n) for r in rounds])[chosen].flatten()
     metrics = {**rounds[-1].metrics, "rollout/kept_group_frac": min(int(signal.sum()), want) / want,
                "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": len(rounds)}
-    return RolloutBatch.of(samples, rewards, pad_id), metrics
+    row_ids = [i for r in rounds for i in r.row_ids]
+    return RolloutBatch.of(samples, rewards, pad_id), metrics, [row_ids[g] for g in chosen]

@@ -46,9 +46,9 @@ def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
 def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
     """The most worker processes that compute at the same time: the trainers (policy and critic ranks) in the
     update, the engines in the rollout, the scorers in between; trainers and engines together under
-    rollout.overlap."""
+    rollout.max_staleness > 0."""
     train, engines = ranks["policy"] + ranks.get("critic", 0), ranks.get("rollout", 0)
-    if cfg.rollout.overlap:
+    if cfg.rollout.max_staleness > 0:
         return train + engines
     return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0), ranks.get("teacher", 0))
 

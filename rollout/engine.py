@@ -17,6 +17,11 @@ class SamplingConfig:
     # engine's own RNG (on GPUs vLLM's fast batched sampler; a per-request seed sends it down a per-row path)
     seed: Optional[int] = 0
     stop_token_ids: tuple[int, ...] = ()  # ends a completion (kept as its last token), besides the engine's eos
+    # per prompt, its own max_new_tokens (a continued generation's remaining budget); None = max_new_tokens for all
+    budgets: Optional[tuple[int, ...]] = None
+
+    def budget(self, prompt: int) -> int:
+        return self.max_new_tokens if self.budgets is None else self.budgets[prompt]
 
 
 @dataclass
@@ -34,6 +39,9 @@ class Sample:
     # between its turns (their rollout_logprobs are 0); None = every completion id was sampled
     completion_mask: Optional[list[bool]] = None
     env: Optional["EnvOutcome"] = None  # multi-turn: what the environment gave
+    # rollout.max_staleness > 0: the policy version (updates applied) that sampled each completion id, (T,) int32;
+    # None = all by the weights of the step that trains it
+    versions: Optional[np.ndarray] = None
 
 
 @dataclass

@@ -127,7 +127,8 @@ class RolloutGroup:
     def _generate_span(self, sub: Submitted, k: int):
         i, lo, hi = sub.spans[k]
         seed = None if sub.sampling.seed is None else sub.sampling.seed + lo
-        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=seed))
+        budgets = None if sub.sampling.budgets is None else sub.sampling.budgets[lo:hi]
+        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=seed, budgets=budgets))
 
     def collect(self, sub: Submitted) -> list[Sample]:
         """The samples of a `submit`, in prompt order (waited for once; again, the same list). A restarted engine
@@ -156,7 +157,7 @@ class RolloutGroup:
         """The index of the engine that died, once Ray has restarted it and `on_restart` has brought it up to date;
         re-raises `error` when it was not a death of an engine, or nothing can restart it. `lives[i]`: engine i's
         restart count when the failed call was sent; a death another call already handled (two generations in
-        flight under overlap) is neither counted nor pushed weights again."""
+        flight at once) is neither counted nor pushed weights again."""
         if not (error.died and error.role in self.roles and self.on_restart is not None):
             raise error
         i = self.roles.index(error.role)

@@ -101,7 +101,8 @@ class HFEngine:
         # Neutral settings stated outright, as vLLM's explicit sampling params are: otherwise transformers fills
         # them from the checkpoint's generation_config (a top_k of 50, a repetition penalty).
         res = self.model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
+            input_ids=ids, attention_mask=mask, max_new_tokens=max(sampling.budget(i) for i, _ in items),
+            do_sample=not greedy,
             temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0, logits_processor=LogitsProcessorList(
                 processors), eos_token_id=[self.eos_id, *sampling.stop_token_ids], pad_token_id=self.pad_id,
             return_dict_in_generate=True)
@@ -110,7 +111,7 @@ class HFEngine:
         new = new.cpu()
         samples, stops = [], {self.eos_id, *sampling.stop_token_ids}
         for row, (index, prompt) in enumerate(items):
-            toks = new[row].tolist()
+            toks = new[row].tolist()[:sampling.budget(index)]  # rows with a smaller budget are cut to it
             ends = [j for j, t in enumerate(toks) if t in stops]
             stop = bool(ends)
             length = ends[0] + 1 if stop else len(toks)

@@ -107,7 +107,7 @@ class VLLMEngine:
         # Token ids and the sampled tokens' log-probs are all we read: no detokenizing (vLLM would decode every
         # token, and every log-prob's token, as it goes), log-probs in vLLM's flat container (no dict per token).
         params = [SamplingParams(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 max_tokens=sampling.max_new_tokens, logprobs=0, stop_token_ids=list(stops),
+                                 max_tokens=sampling.budget(i), logprobs=0, stop_token_ids=list(stops),
                                  seed=None if sampling.seed is None else sampling.seed + i, detokenize=False,
                                  flat_logprobs=True)
                   for i in range(len(prompts))]

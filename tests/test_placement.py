@@ -121,7 +121,7 @@ def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch)
     cfg = RunConfig()
     assert busy_at_once(cfg, {"policy": 1, "rollout": 1}) == 1  # the phases take turns
     assert busy_at_once(cfg, {"policy": 2, "rollout": 1, "critic": 2}) == 4
-    cfg.rollout.overlap = True
+    cfg.rollout.max_staleness = 1  # generating ahead: trainers and engines compute at once
     assert busy_at_once(cfg, {"policy": 2, "rollout": 2}) == 4
     assert cpu_threads(None, 1, cores=2) == 2 and cpu_threads(None, 2, cores=2) == 1
     assert cpu_threads(None, 4, cores=2) == 1 and cpu_threads(3, 4, cores=2) == 3  # the config wins

@@ -29,24 +29,26 @@ def test_engines_wake_once_and_sleep_once_as_soon_as_released():
     with EngineMemory(engines, asleep_between_steps=True):
         pass
     assert engines.calls == ["wake_up", "sleep"] * 2
-    overlapped = Engines()  # rollout.overlap: a generation is always in flight, so they never sleep
-    with EngineMemory(overlapped, asleep_between_steps=False) as memory:
+    ahead = Engines()  # rollout.max_staleness > 0: a generation is always in flight, so they never sleep
+    with EngineMemory(ahead, asleep_between_steps=False) as memory:
         memory.release()
-    assert overlapped.calls == []
+    assert ahead.calls == []
 
 
 def _round(rewards: list[float], first_prompt: int) -> Round:
     samples = [Sample(i // 2, [1], [first_prompt + i // 2], [0.0], "stop") for i in range(len(rewards))]
     scores = torch.tensor(rewards)
-    return Round([], RolloutBatch.of(samples, scores, pad_id=0), {"rollout/reward_mean": sum(rewards) / len(rewards)},
+    rows = [first_prompt + g for g in range(len(rewards) // 2)]  # dataset rows, one a group
+    return Round(rows, RolloutBatch.of(samples, scores, pad_id=0), {"rollout/reward_mean": sum(rewards) / len(rewards)},
                  informative_groups(scores, 2))
 
 
 def test_groups_with_signal_are_chosen_across_rounds_and_renumbered():
     first = _round([1.0, 1.0, 0.0, 1.0], first_prompt=10)  # groups of 2: all-equal, then signal
     second = _round([0.0, 1.0, 0.0, 0.0], first_prompt=20)  # signal, then all-equal
-    batch, metrics = select_groups([first, second], want=2, n=2, pad_id=0)
+    batch, metrics, rows = select_groups([first, second], want=2, n=2, pad_id=0)
     assert [s.completion_ids[0] for s in batch.samples] == [11, 11, 20, 20]  # the two groups with signal, in order
+    assert rows == [11, 20]  # their dataset rows (what trained_rows.jsonl records)
     assert [s.prompt_index for s in batch.samples] == [0, 0, 1, 1]
     assert batch.rewards.tolist() == [0.0, 1.0, 0.0, 1.0] and batch.input_ids.shape[0] == 4
     assert batch.input_ids[:, 1].tolist() == [11, 11, 20, 20]  # the rows are the chosen samples'

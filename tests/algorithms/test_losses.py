@@ -47,6 +47,18 @@ def test_truncated_importance_sampling_weights():
     assert capped.item() == pytest.approx(-(1.5 + 1.0) / 2)
 
 
+def test_icepop_mask_drops_tokens_whose_ratio_is_out_of_bounds():
+    old = torch.tensor([[LOG(0.5), LOG(0.5), LOG(0.5), LOG(0.05)]])
+    rollout = torch.tensor([[LOG(0.25), LOG(0.5), LOG(0.05), LOG(0.5)]])  # ratios 2, 1, 10, 0.1
+    adv, mask = torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool)
+    loss, m = policy_loss(old, old, adv, mask, rollout_logprobs=rollout, tis_cap=1.5, tis_mask=(0.5, 5.0))
+    assert loss.item() == pytest.approx(-(1.5 + 1.0 + 0.0 + 0.0) / 4)  # 10 and 0.1 masked, 2 capped at 1.5
+    assert m["policy/tis_masked_frac"].item() == pytest.approx(0.5)
+    assert m["policy/tis_capped_frac"].item() == pytest.approx(0.5)  # 2 and 10 above the cap
+    plain, _ = policy_loss(old, old, adv, mask, rollout_logprobs=rollout, tis_mask=(0.5, 5.0))
+    assert plain.item() == pytest.approx(-(2.0 + 1.0) / 4)  # IcePop alone: the in-bounds ratio as the weight
+
+
 def test_policy_loss_respects_mask_and_gradient_sign():
     logp = torch.zeros(1, 3, requires_grad=True)
     mask = torch.tensor([[True, True, False]])

@@ -26,7 +26,7 @@ def test_a_death_seen_by_two_generations_in_flight_restarts_once(ray_local):
     group.on_restart = pushed.append
     pid = ray_local.get(group.engines[1].pid.remote())
     first = group.submit([[1], [2], [3], [4]], SamplingConfig())
-    second = group.submit([[5], [6], [7], [8]], SamplingConfig())  # as under rollout.overlap
+    second = group.submit([[5], [6], [7], [8]], SamplingConfig())  # two generations in flight at once
     os.kill(pid, signal.SIGKILL)
     assert [s.completion_ids for s in group.collect(first)] == [[1], [2], [3], [4]]
     assert [s.completion_ids for s in group.collect(second)] == [[5], [6], [7], [8]]

@@ -1,0 +1,218 @@
+"""Asynchronous rollouts (`rollout.max_staleness: K` > 0): the engines generate ahead of the trainer while it
+trains, in chunks of `rollout.chunk_tokens`, so a weight sync waits for one chunk, never for the longest generation.
+
+Versions: the engines hold version v after v updates. Step s trains with version s-1 and may take a sample whose
+oldest token came from version s-1-K or later. The generator is paced, not filtered: it starts step t's prompts only
+once the engines hold version t-1-K or later, so every token of them is recent enough by construction and no sample
+is ever dropped for staleness; when step s's samples are not finished as the trainer wants them, it waits.
+
+A generation a sync interrupts continues from its tokens under the new weights (their KV is recomputed: each sync
+drops the prefix cache); each token keeps the version and the log-prob it was sampled with, the behaviour policy the
+update's importance weight divides by (algorithm.tis_cap, algorithm.tis_mask).
+
+The generator is one driver thread; `synced` pauses it between chunks. Its state at each sync (the prompts queued
+with their tokens so far, the data position) is what a checkpoint records (`snapshot`), so a resumed run continues
+them and trains every prompt once.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from rollout.engine import Sample, SamplingConfig
+
+Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
+
+
+@dataclass
+class Seq:
+    """One sample in progress: its prompt, and its tokens so far with the log-prob and policy version of each."""
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: Optional[str] = None  # "stop" (an eos or stop token) or "length" (the budget), once done
+
+    def extend(self, chunk: Sample, version: int, budget: int, max_new_tokens: int) -> None:
+        """A chunk's tokens, sampled by `version` with at most `budget` tokens asked for."""
+        self.ids += chunk.completion_ids
+        self.logprobs += chunk.rollout_logprobs.tolist()
+        self.versions += [version] * len(chunk.completion_ids)
+        if chunk.finish_reason == "stop":
+            self.finish = "stop"
+        elif len(self.ids) >= max_new_tokens or len(chunk.completion_ids) < budget:  # (or the context is full)
+            self.finish = "length"
+
+
+@dataclass
+class StepRollout:
+    """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
+    adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
+    them)."""
+    step: int
+    row_ids: list[int]
+    seqs: list[Seq]
+    stops: tuple[int, ...]
+    prompts_before: dict
+
+    @property
+    def done(self) -> bool:
+        return all(s.finish is not None for s in self.seqs)
+
+    def samples(self, n: int) -> list[Sample]:
+        return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
+                       versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
+
+    def state(self) -> dict:
+        return {**asdict(self), "stops": list(self.stops)}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "StepRollout":
+        return cls(d["step"], d["row_ids"], [Seq(**s) for s in d["seqs"]], tuple(d["stops"]), d["prompts_before"])
+
+
+def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
+    """Per sample: how many versions its oldest token is behind the trainer's, and how many versions sampled it."""
+    behind = np.array([trainer_version - int(s.versions.min()) if len(s.versions) else 0 for s in samples])
+    spans = np.array([len(np.unique(s.versions)) for s in samples])
+    return {"rollout/staleness_mean": float(behind.mean()), "rollout/staleness_max": float(behind.max()),
+            "rollout/versions_per_sample": float(spans.mean()), "rollout/interrupted_frac": float((spans > 1).mean())}
+
+
+class AsyncRollout:
+    """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.data.BatchIterator (this object draws
+    from it); `encode(row_ids)`: their prompt ids and stop ids; `sampling`: n, budget, temperature, top_p and the
+    base seed (None: the engines' own RNG); steps up to `last_step` are generated."""
+
+    def __init__(self, engines, prompts, encode: Encode, sampling: SamplingConfig, max_staleness: int,
+                 chunk_tokens: int, last_step: int):
+        self.engines, self.prompts, self.encode, self.sampling = engines, prompts, encode, sampling
+        self.max_staleness, self.chunk_tokens, self.last_step = max_staleness, chunk_tokens, last_step
+        self.call_rows = prompts.batch_size * sampling.n  # a chunk call takes at most one step's sequences
+        self.version, self.next_step, self.calls = 0, 1, 0  # calls: chunk calls so far (each call's seed)
+        self.queue: list[StepRollout] = []
+        self.cond = threading.Condition()
+        self.pausing = self.busy = self.closed = False
+        self.error: Optional[BaseException] = None
+        self.thread: Optional[threading.Thread] = None
+        self.snapshot = self._state()
+
+    # ---- the trainer's side ----
+    def take(self, step: int) -> StepRollout:
+        """Step `step`'s prompts and samples, once every sample is finished (waiting for them meanwhile)."""
+        if step > self.version + 1 + self.max_staleness:
+            raise RuntimeError(f"step {step} cannot be generated by version {self.version} within max_staleness")
+        self.start()
+        with self.cond:
+            while not (self.queue and self.queue[0].step == step and self.queue[0].done):
+                self._raise_error()
+                if self.queue and self.queue[0].step != step:
+                    raise RuntimeError(f"step {step} wants its rollout, but step {self.queue[0].step}'s is next")
+                self.cond.wait()
+            return self.queue.pop(0)
+
+    def start(self) -> None:
+        """Start generating (the first `take` does, if nothing did before)."""
+        with self.cond:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="async-rollout", daemon=True)
+                self.thread.start()
+
+    def synced(self, push: Callable[[], None], version: int) -> None:
+        """Run `push` (a weight sync) between two chunks; the engines then hold `version`."""
+        with self.cond:
+            self.pausing = True
+            while self.busy:
+                self.cond.wait()
+            self._raise_error()
+        try:
+            push()
+            with self.cond:
+                self.version = version
+                self.snapshot = self._state()
+        finally:
+            with self.cond:
+                self.pausing = False
+                self.cond.notify_all()
+
+    def load_state(self, state: Optional[dict], step: int) -> None:
+        """A checkpoint's `snapshot` (None: one from a synchronous run, whose data position `prompts` already holds)."""
+        self.version, self.next_step = step, step + 1
+        if state is not None:
+            self.prompts.load_state(state["prompts"])
+            self.queue = [StepRollout.from_state(b) for b in state["queue"]]
+            self.next_step, self.calls = state["next_step"], state["calls"]
+        self.snapshot = self._state()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=60)
+
+    # ---- the generator thread ----
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    work = self._next_work()
+                    if work is None:
+                        return
+                    self.busy, version = True, self.version
+                seqs, sampling = work
+                chunks = self.engines.generate([s.prompt_ids + s.ids for s in seqs], sampling)
+                with self.cond:
+                    for s, chunk, budget in zip(seqs, chunks, sampling.budgets):
+                        s.extend(chunk, version, budget, self.sampling.max_new_tokens)
+                    self.busy = False
+                    self.cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+            with self.cond:
+                self.error, self.busy = e, False
+                self.cond.notify_all()
+
+    def _next_work(self) -> Optional[tuple[list[Seq], SamplingConfig]]:
+        """(the oldest unfinished sequences, at most one step's, and their chunk's sampling), once there are any
+        and no sync is waiting; None once closed. Holds the lock."""
+        while not self.closed:
+            if not self.pausing:
+                self._start_allowed()
+                seqs = [s for b in self.queue for s in b.seqs if s.finish is None][:self.call_rows]
+                if seqs:
+                    return seqs, self._chunk_sampling(seqs)
+            self.cond.wait()
+        return None
+
+    def _start_allowed(self) -> None:
+        """Draw the prompts of every step the engines' version may start: step t once version >= t-1-K."""
+        while self.next_step <= min(self.version + 1 + self.max_staleness, self.last_step):
+            before = self.prompts.state()
+            row_ids = self.prompts.next_ids()
+            prompt_ids, stops = self.encode(row_ids)
+            seqs = [Seq(list(p)) for p in prompt_ids for _ in range(self.sampling.n)]
+            self.queue.append(StepRollout(self.next_step, row_ids, seqs, stops, before))
+            self.next_step += 1
+
+    def _chunk_sampling(self, seqs: list[Seq]) -> SamplingConfig:
+        s = self.sampling
+        seed = None if s.seed is None else s.seed + self.calls * 100_003  # a new stream a call (per-prompt + i)
+        self.calls += 1
+        stops = tuple(dict.fromkeys(t for b in self.queue for t in b.stops))
+        budgets = tuple(min(self.chunk_tokens, s.max_new_tokens - len(q.ids)) for q in seqs)
+        return SamplingConfig(max_new_tokens=max(budgets), temperature=s.temperature, top_p=s.top_p, n=1,
+                              seed=seed, stop_token_ids=stops, budgets=budgets)
+
+    def _state(self) -> dict:
+        """What a checkpoint saves: the synchronous loop's data position (before the queued prompts), and this
+        generator's own (the queue with its tokens so far)."""
+        first = self.queue[0].prompts_before if self.queue else self.prompts.state()
+        return {"prompts": first, "async": {"prompts": self.prompts.state(), "next_step": self.next_step,
+                                            "calls": self.calls, "queue": [b.state() for b in self.queue]}}
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,97 @@
+"""Asynchronous RL end to end (rollout.max_staleness, the real engines): the staleness bound holds on every step and
+is reached, generations interrupted by a sync continue under the new weights and are corrected; `kill -9` during a
+generation, a training step and a sync, each time followed by the same command, trains every prompt of the epoch
+exactly once (trained_rows.jsonl)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from rlhf.metrics import read_metrics
+from tests.conftest import ROOT, run_cli
+
+PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
+
+
+def _args(model, out, *extra):
+    return ["--config", "examples/sort_grpo.yaml", f"model.path={model}", f"output_dir={out}", "eval.every=0",
+            "data.num_eval=16", f"rollout.prompts_per_step={PER_STEP}", "trainer.batch_size=64",
+            "trainer.micro_batch_size=32", f"data.num_train={PER_STEP * STEPS}", f"trainer.max_steps={STEPS}",
+            "checkpoint.every=1", "checkpoint.keep_last=2", *extra]
+
+
+def _trained_rows(out) -> dict[int, list[int]]:
+    with open(out / "trained_rows.jsonl") as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    steps = [r["step"] for r in lines]
+    assert len(steps) == len(set(steps)), steps  # one line a step, even across resumes
+    return {r["step"]: r["rows"] for r in lines}
+
+
+@pytest.mark.slow
+def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model, tmp_path):
+    res = run_cli(*_args(sft_model, tmp_path, "rollout.max_staleness=2", "rollout.chunk_tokens=1",
+                         "trainer.max_steps=6", "checkpoint.every=0"), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))[1:]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["rollout/staleness_max"] <= 2 for r in rows), [r["rollout/staleness_max"] for r in rows]
+    assert max(r["rollout/staleness_max"] for r in rows) == 2  # the engines did run ahead, as far as allowed
+    assert rows[0]["rollout/staleness_max"] == 0  # step 1: the starting weights train their own samples
+    # one-token chunks: a sync lands in generations in flight, which go on under the new weights
+    assert any(r["rollout/interrupted_frac"] > 0 and r["rollout/versions_per_sample"] > 1 for r in rows)
+    # the off-policy correction is on by default (tis_cap 2, IcePop's mask [0.5, 5]) and acts on older samples
+    assert all("policy/tis_capped_frac" in r and "policy/tis_masked_frac" in r for r in rows)
+    assert rows[0]["rollout/logprob_diff"] < 1e-3 < rows[-1]["rollout/logprob_diff"]
+    assert sorted(_trained_rows(tmp_path)) == [1, 2, 3, 4, 5, 6]
+    config = (tmp_path / "config.yaml").read_text()
+    assert "tis_cap: 2.0" in config and "tis_mask_low: 0.5" in config and "tis_mask_high: 5.0" in config
+
+
+def _run_until_killed(args, out, title: str, min_rows: int, timeout_s: float = 600.0) -> None:
+    """Start the run; once metrics.jsonl has `min_rows` rows, `kill -9` its whole process group the moment one of
+    its processes is titled `title` (Ray's `ray::Class.method` while a call runs)."""
+    proc = subprocess.Popen([sys.executable, "-m", "rlhf.run", *args], cwd=ROOT, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout_s
+    try:
+        while time.time() < deadline:
+            assert proc.poll() is None, f"the run ended before the kill ({title}): {proc.stderr.read()[-3000:]}"
+            logged = len(read_metrics(str(out))) if (out / "metrics.jsonl").is_file() else 0
+            if logged >= min_rows and any(title in " ".join(p.cmdline())
+                                          for p in _children(proc.pid)):
+                return
+            time.sleep(0.002 if logged >= min_rows else 0.2)
+        raise AssertionError(f"no process titled {title!r} within {timeout_s:.0f} s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+
+
+def _children(pid: int) -> list:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.slow
+def test_kill_9_during_generation_training_and_sync_trains_each_prompt_once(sft_model, tmp_path):
+    args = _args(sft_model, tmp_path, "rollout.max_staleness=1", "rollout.chunk_tokens=2")
+    _run_until_killed(args, tmp_path, "VLLMEngine.generate", min_rows=3)
+    _run_until_killed(args, tmp_path, "PolicyTrainer.train_step", min_rows=5)
+    _run_until_killed(args, tmp_path, "VLLMEngine.receive_weights", min_rows=6)
+    res = run_cli(*args, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stdout
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == list(range(STEPS + 1))
+    trained = _trained_rows(tmp_path)
+    assert sorted(trained) == list(range(1, STEPS + 1)) and all(len(r) == PER_STEP for r in trained.values())
+    every = sorted(i for rows in trained.values() for i in rows)
+    assert every == list(range(PER_STEP * STEPS))  # the epoch's every prompt, each trained exactly once

@@ -1,0 +1,109 @@
+"""Generating ahead (rlhf.async_rollout) with the real vLLM engine in a Ray actor: a sync interrupts generations in
+flight, which continue under the new weights, each token keeping the log-prob and version of the weights that
+sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
+records continues the same generations."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rlhf.async_rollout import AsyncRollout, staleness_metrics
+from rlhf.data import BatchIterator
+from rollout.engine import SamplingConfig
+from rollout.group import RolloutGroup
+
+ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)
+SAMPLING = SamplingConfig(max_new_tokens=24, temperature=1.0, n=2, seed=3)
+
+
+def _teacher_forced(model, sample) -> np.ndarray:
+    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+    targets = ids[0, 1:]
+    return logp[torch.arange(len(targets)), targets][len(sample.prompt_ids) - 1:].numpy()
+
+
+def _wait_for(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+@pytest.fixture(scope="module")
+def engines(ray_local, tiny_model_dir):
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), timeout_s=300)
+    yield group
+    group.shutdown()
+
+
+def test_a_sync_interrupts_generations_which_continue_under_the_new_weights(engines, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    rows = [{"ids": [1 + i, 7, 9 + i]} for i in range(8)]
+    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=0), lambda ids: ([rows[i]["ids"] for i in ids], ()),
+                            SAMPLING, max_staleness=1, chunk_tokens=2, last_step=3)
+    pipeline.start()
+    _wait_for(lambda: pipeline.calls >= 1)  # a first chunk under way: the sync lands while step 1 generates
+    pipeline.synced(lambda: engines.update_weights(list(new.state_dict().items())), version=1)
+    first = pipeline.take(1)
+    samples = first.samples(SAMPLING.n)
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3] and len(first.row_ids) == 4
+    two = [s for s in samples if set(s.versions.tolist()) == {0, 1}]
+    assert two, [s.versions for s in samples]  # interrupted by the sync, continued after it
+    for s in samples:
+        assert len(s.versions) == len(s.completion_ids) == len(s.rollout_logprobs)
+        assert (np.diff(s.versions) >= 0).all()  # old tokens first, then the new weights'
+        by_old, by_new = _teacher_forced(old, s), _teacher_forced(new, s)
+        v0, v1 = s.versions == 0, s.versions == 1
+        assert np.abs(s.rollout_logprobs[v0] - by_old[v0]).max(initial=0) < 1e-3
+        assert np.abs(s.rollout_logprobs[v1] - by_new[v1]).max(initial=0) < 1e-3
+    later = np.concatenate([s.rollout_logprobs[s.versions == 1] - _teacher_forced(old, s)[s.versions == 1]
+                            for s in two])
+    assert np.abs(later).mean() > 1e-2  # the new weights' log-probs are not the old ones': the check above can fail
+    metrics = staleness_metrics(samples, trainer_version=0)  # step 1 trains version 0: its own tokens, and newer
+    assert metrics["rollout/staleness_max"] == 0 and metrics["rollout/interrupted_frac"] > 0
+
+    # Step 2 was started at version 0 (max_staleness 1); step 3 may not start before version 1 -> it starts now.
+    second = pipeline.take(2)
+    assert staleness_metrics(second.samples(2), trainer_version=1)["rollout/staleness_max"] <= 1
+    saved = pipeline.snapshot["async"]  # as of the last sync: steps 1 and 2 in flight, step 3 not yet drawn
+    assert [b["step"] for b in saved["queue"]] == [1, 2] and saved["next_step"] == 3
+    pipeline.synced(lambda: None, version=2)
+    third = pipeline.take(3)
+    assert min(int(s.versions.min()) for s in third.samples(2)) >= 1
+    pipeline.close()
+
+
+def test_a_restored_snapshot_continues_the_same_generations(engines):
+    rows = [{"ids": [3 + i, 5]} for i in range(8)]
+    encode = lambda ids: ([rows[i]["ids"] for i in ids], ())  # noqa: E731
+    first = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), encode, SAMPLING, max_staleness=2, chunk_tokens=3,
+                         last_step=4)
+    assert first.take(1).done
+    first.synced(lambda: None, version=1)  # step 1 trained: the checkpoint of version 1 holds steps 2 and 3
+    state = first.snapshot
+    first.close()
+    queued = {b["step"]: b for b in state["async"]["queue"]}
+    assert sorted(queued) == [2, 3] and state["async"]["next_step"] == 4  # K = 2: steps up to version 0 + 1 + K
+    assert any(len(s["ids"]) for b in queued.values() for s in b["seqs"])  # tokens generated ahead are kept
+    # A synchronous loop resumed from it redraws the queued steps' prompts: its position is before them.
+    assert state["prompts"] == queued[2]["prompts_before"]
+
+    resumed = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), encode, SAMPLING, max_staleness=2,
+                           chunk_tokens=3, last_step=4)
+    resumed.load_state(state["async"], step=1)
+    got = resumed.take(2)
+    kept = queued[2]["seqs"]
+    assert got.row_ids == queued[2]["row_ids"]
+    for seq, sample in zip(kept, got.samples(2)):
+        assert sample.completion_ids[:len(seq["ids"])] == seq["ids"]  # continued, not restarted
+        assert sample.versions[:len(seq["ids"])].tolist() == seq["versions"]
+    resumed.close()
