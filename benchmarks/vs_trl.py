@@ -5,7 +5,7 @@
     python benchmarks/vs_trl.py --trl-threads 1 --ours 1x1   # one thread each
     python benchmarks/vs_trl.py --algo dpo
     python benchmarks/vs_trl.py --size 25M --steps 5 --ours 1x1,2x2   # a bigger model (generation-heavy on CPU)
-    python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.overlap (one step off-policy, TIS cap 2)
+    python benchmarks/vs_trl.py --ours 1x1,1x1o    # o: rollout.max_staleness=1 (asynchronous, K = 1)
     python benchmarks/vs_trl.py --ours 2x2,2x2s1.5   # s1.5: algorithm.oversample=1.5 (informative groups kept)
     python benchmarks/vs_trl.py --ours 2x2,2x2h      # h: placement.mode=hybrid (each engine in its rank's process)
     python benchmarks/vs_trl.py --ours 2x2h,2x2hf    # f: rollout.engine=hf (transformers generate, as TRL's)
@@ -123,8 +123,8 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     out = os.path.join(CACHE, f"ours-{algo}-{ranks}x{engines}{'o' * overlap}{'h' * hybrid}{'f' * hf}s{oversample}-"
                               f"{time.strftime('%H%M%S')}")
     path, overrides = recipe(algo, model, out, steps, ranks, engines, oversample, seed)
-    if overlap:  # one-step off-policy: not the same algorithm as TRL's any more, so it is named in the table
-        overrides += ["rollout.overlap=true", "algorithm.tis_cap=2.0"]
+    if overlap:  # asynchronous, one update ahead: not the same algorithm as TRL's any more, so it is named in the table
+        overrides += ["rollout.max_staleness=1"]  # its off-policy correction on by default
     if hybrid:
         overrides += ["placement.mode=hybrid"]
     if hf:
@@ -139,7 +139,7 @@ def run_ours(algo: str, model: str, steps: int, ranks: int, engines: int, overla
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
     phases.update({k: v for k, v in first.items() if k.startswith("time/start")})  # once, before step 1
     name = f"ours ({ranks} trainer rank{'s' * (ranks > 1)}, {engines} engine{'s' * (engines > 1)}" + \
-        (", overlapped one step off-policy" if overlap else "") + (", hybrid" if hybrid else "") + \
+        (", asynchronous K=1" if overlap else "") + (", hybrid" if hybrid else "") + \
         (", HF generate" if hf else "") + (f", oversample {oversample:g})" if oversample != 1 else ")")
     return dict(name=name if algo == "grpo" else "ours", wall=wall, peak=peak, steps=step_s,
                 tokens=tokens, startup=wall - sum(step_s), model=os.path.join(out, "final"), phases=phases,
@@ -213,7 +213,7 @@ def main() -> None:
     p.add_argument("--size", choices=list(MODEL_OVERRIDES), default="1M")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--ours", default="1x1,2x2h",
-                   help="our configurations to run, RANKSxENGINES[o][h][f][sF] (o: rollout.overlap; h: "
+                   help="our configurations to run, RANKSxENGINES[o][h][f][sF] (o: rollout.max_staleness=1; h: "
                         "placement.mode=hybrid; f: rollout.engine=hf; sF: algorithm.oversample=F; grpo; dpo "
                         "runs 1x1)")
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,

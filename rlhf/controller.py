@@ -202,8 +202,8 @@ class RLController:
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
     def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float], list[int]]:
-        """Generate and score `prompts_per_step` groups: (their rollout, metrics, their dataset rows). Each round generates
-        `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
+        """Generate and score `prompts_per_step` groups: (their rollout, metrics, their dataset rows). Each round
+        generates `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
         algorithm.dynamic_sampling (DAPO, Yu et al. 2025: further rounds until enough groups have signal), the step
         trains on the groups whose rewards are not all equal (an all-equal group has zero advantage), topped up
         with all-equal ones if too few."""
