@@ -17,24 +17,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.helpers import print_table  # noqa: E402
+from benchmarks.helpers import print_table, run_recipe  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "async_rl")
 
 
 def run(args: list[str]) -> float:
-    start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "rlhf.run", *args], cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"rlhf.run {' '.join(args)} failed:\n{res.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_recipe(args, ROOT)
 
 
 def recipe(model: str) -> list[str]:

@@ -55,3 +55,15 @@ def print_table(headers: list[str], rows: list[list]) -> None:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
         if i == 0:
             print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+
+
+def run_recipe(args: list[str], root: str) -> float:
+    """`python -m rlhf.run <args>` in `root`; its wall seconds, or the end of its stderr as the exit message."""
+    import subprocess
+    import sys
+
+    start = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "rlhf.run", *args], cwd=root, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"rlhf.run {' '.join(args)} failed:\n{res.stderr[-3000:]}")
+    return time.perf_counter() - start

@@ -17,14 +17,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.helpers import print_table  # noqa: E402
+from benchmarks.helpers import print_table, run_recipe  # noqa: E402
 
 GSPO = ["algorithm.clip_low=3e-4", "algorithm.clip_high=4e-4", "algorithm.loss_agg=seq-mean-token-mean"]
 SETTINGS = {"clip": [], "gspo": GSPO, "gspo_token": GSPO,
@@ -41,11 +40,7 @@ def sft_checkpoint() -> str:
 
 
 def run(args: list[str]) -> float:
-    start = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "rlhf.run", *args], cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"rlhf.run {' '.join(args)} failed:\n{res.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return run_recipe(args, ROOT)
 
 
 def one(surrogate: str, model: str, steps: int, seed: int) -> list:

@@ -35,10 +35,10 @@ def validate_async(cfg: RunConfig, bad, positive) -> None:
             "behind the trained weights)")
     if r.max_staleness == 0:
         return
-    if a.dynamic_sampling or a.oversample != 1:
-        bad("rollout.max_staleness", r.max_staleness, "the groups of an asynchronous rollout are generated ahead, "
-            "one step's prompts at a time, not chosen among: set algorithm.dynamic_sampling=false and "
-            "algorithm.oversample=1, or rollout.max_staleness=0")
+    if a.dynamic_sampling:
+        bad("rollout.max_staleness", r.max_staleness, "an asynchronous step's prompts are drawn ahead, one round "
+            "a step, so no further rounds can fill it: set algorithm.dynamic_sampling=false (algorithm.oversample "
+            "> 1 chooses among what arrives), or rollout.max_staleness=0")
     if cfg.env.name is not None:
         bad("rollout.max_staleness", r.max_staleness, "multi-turn rollouts (env.name) are generated within their "
             "step, their turns interleaved with the environment's: set rollout.max_staleness=0")

@@ -1,7 +1,7 @@
 """Asynchronous RL end to end (rollout.max_staleness, the real engines): the staleness bound holds on every step and
-is reached, generations interrupted by a sync continue under the new weights and are corrected; `kill -9` during a
-generation, a training step and a sync, each time followed by the same command, trains every prompt of the epoch
-exactly once (trained_rows.jsonl)."""
+is reached, generations interrupted by a sync continue under the new weights and are corrected, over-sampling
+chooses among the groups generated ahead; `kill -9` during a generation, a training step and a sync, each time
+followed by the same command, trains every prompt of the epoch exactly once (trained_rows.jsonl)."""
 import json
 import os
 import signal
@@ -36,7 +36,7 @@ def _trained_rows(out) -> dict[int, list[int]]:
 @pytest.mark.slow
 def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model, tmp_path):
     res = run_cli(*_args(sft_model, tmp_path, "rollout.max_staleness=2", "rollout.chunk_tokens=1",
-                         "trainer.max_steps=6", "checkpoint.every=0"), timeout=900)
+                         "trainer.max_steps=6", "checkpoint.every=0", "algorithm.oversample=1.5"), timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))[1:]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
@@ -48,7 +48,10 @@ def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model,
     # the off-policy correction is on by default (tis_cap 2, IcePop's mask [0.5, 5]) and acts on older samples
     assert all("policy/tis_capped_frac" in r and "policy/tis_masked_frac" in r for r in rows)
     assert rows[0]["rollout/logprob_diff"] < 1e-3 < rows[-1]["rollout/logprob_diff"]
-    assert sorted(_trained_rows(tmp_path)) == [1, 2, 3, 4, 5, 6]
+    # over-sampling chooses among what arrived: 24 prompts generated a step, the 16 most informative trained
+    assert all(r["rollout/fill_rounds"] == 1 and "rollout/kept_group_frac" in r for r in rows)
+    trained = _trained_rows(tmp_path)
+    assert sorted(trained) == [1, 2, 3, 4, 5, 6] and all(len(set(r)) == PER_STEP for r in trained.values())
     config = (tmp_path / "config.yaml").read_text()
     assert "tis_cap: 2.0" in config and "tis_mask_low: 0.5" in config and "tis_mask_high: 5.0" in config
 
