@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -49,9 +51,8 @@ def one(k: int, base: list[str], steps: int, extra: list[str]) -> list:
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out, "config.yaml")) as f:
-        per_step = next(int(line.split(":")[1]) for line in f if line.strip().startswith("prompts_per_step:"))
-    with open(os.path.join(out, "config.yaml")) as f:
-        n = next(int(line.split(":")[1]) for line in f if line.strip().startswith("n_samples:"))
+        rollout = yaml.safe_load(f)["rollout"]  # the run's config as it ran
+    per_step, n = rollout["prompts_per_step"], rollout["n_samples"]
     head = "eval/accuracy" if "eval/accuracy" in rows[0] else "eval/exact_match"
     before, after = rows[0][head], rows[-1][head]
     trained = [r for r in rows if r["step"] > 0]

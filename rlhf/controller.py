@@ -252,10 +252,10 @@ class RLController:
             samples = ahead.samples(self.cfg.rollout.n_samples)
             return ahead.row_ids, samples, staleness_metrics(samples, trainer_version=step - 1)
         row_ids = self.prompts.next_ids()
-        prompts = [self.prompts.rows[i].get("prompt") for i in row_ids]
         if self.trajectories is not None:  # whole multi-turn trajectories (their stop ids: the runner's)
             rows = [self.prompts.rows[i] for i in row_ids]
             return row_ids, self.trajectories.run(rows, self._sampling(step, attempt, ())), {}
+        prompts = [self.prompts.rows[i]["prompt"] for i in row_ids]
         sampling = self._sampling(step, attempt, self.renderer.stop_ids(prompts))
         return row_ids, self.rollout.generate([self.renderer.prompt_ids(p) for p in prompts], sampling), {}
 
