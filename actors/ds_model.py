@@ -14,9 +14,10 @@ import torch
 
 from actors.dist import init_deepspeed_distributed
 from actors.logits import keep_kwargs, takes_logits_to_keep
-from common.batch import Batch, grouped_rows, length_grouped, map_grouped, split_batch
+from common.batch import Batch, first_target, grouped_rows, length_grouped, map_grouped, split_batch
 from common.options import TrainerConfig
 from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
+from common.prefix_sharing import additive_mask, gather_rows, group_unit, share_prefixes
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -142,10 +143,13 @@ class DSModel:
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
         self.packing = tr.packing and per_token
+        self.shared_prefix = tr.shared_prefix and per_token
         config = deepspeed_config(tr, dtype, world_size)
         with zero3_loading(config):
             model = build()
         self.trims_logits = takes_logits_to_keep(model)  # logits only from a micro-batch's first trained token
+        # sdpa takes a bool 4D mask as it is; eager attention adds its mask to the scores
+        self.bool_mask = getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = make_optimizer(trainable, tr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
@@ -177,12 +181,34 @@ class DSModel:
         layout, so every loss reads them the same way. Padded, a causal LM returns the logits from the micro-batch's
         first trained position on (actors.logits: the losses align them by their width)."""
         self.resident()
+        if self.shared_prefix and "loss_mask" in mb:
+            return self._shared_forward(mb)
         if not self.packing:
             return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                                **keep_kwargs(mb, self.trims_logits))
         ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"])
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
+
+    def _shared_forward(self, mb: Batch) -> PackedOutput:
+        """trainer.shared_prefix: rows with the same prompt as one row, the prompt computed once
+        (common.prefix_sharing); the output comes back in the padded layout from the first trained position on."""
+        layout = share_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
+        start = first_target(mb["loss_mask"]) if self.trims_logits else 0
+        dtype = next(self.module.parameters()).dtype
+        mask = layout.allowed if self.bool_mask else additive_mask(layout.allowed, dtype)
+        keep = {"logits_to_keep": layout.width - start} if self.trims_logits else {}
+        out = self.engine(input_ids=layout.input_ids.to(self.device), position_ids=layout.position_ids.to(self.device),
+                          attention_mask=mask.to(self.device), use_cache=False, **keep)
+        return PackedOutput(gather_rows(out.logits, layout, start))
+
+    def _unit(self, batch: Batch, unit: int, size: Optional[int]) -> int:
+        """Rows a micro-batch keeps together: `unit`, or under shared_prefix a whole group of rows sharing a prompt
+        (where micro-batches of `size` rows, if fixed, hold whole groups), so each prompt is computed once."""
+        if not self.shared_prefix or unit != 1 or "loss_mask" not in batch:
+            return unit
+        g = group_unit(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        return g if (size is None or size % g == 0) and len(batch["input_ids"]) % g == 0 else 1
 
     def on_device(self, mb: Batch) -> Batch:
         """Batches travel on CPU (Ray, the driver); each micro-batch moves to the model's device to be used."""
@@ -197,7 +223,8 @@ class DSModel:
         def run(mb: Batch) -> torch.Tensor:
             mb = self.on_device(mb)
             return fn(mb, self(mb)).cpu()
-        out = map_grouped(batch, self.cfg.micro_batch_size, run)
+        size = self.cfg.micro_batch_size
+        out = map_grouped(batch, size, run, self._unit(batch, 1, size))
         self.engine.train()
         return out
 
@@ -274,7 +301,8 @@ class DSModel:
             gas = self.engine.gradient_accumulation_steps()
             if rows % gas:
                 raise ValueError(f"cannot split {rows} rows into {gas} equal micro-batches")
-            return length_grouped(mini, rows // gas, unit)
+            return length_grouped(mini, rows // gas, self._unit(mini, unit, rows // gas))
+        unit = self._unit(mini, unit, None)
         lengths = mini["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
         need = torch.tensor([micro_batches_needed(lengths, budget // unit), -len(lengths)], dtype=torch.float64)
         need = self.all_reduce_max(need)

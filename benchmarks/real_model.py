@@ -3,9 +3,10 @@ SmolLM2-135M-Instruct (python -m rlhf.smollm2) on the word problems of examples/
 
     python benchmarks/real_model.py [--dtype bfloat16] [--threads 2] [--prompts 16] [--n 4] [--repeats 3]
 
-train:    PolicyTrainer.rl_step (DeepSpeed) on one GRPO batch of real rollouts, against a bare PyTorch loop (the HF
-          model, AdamW, the same micro-batches and loss) and against the machine's bf16/fp32 matmul rate: MFU counts
-          6 x parameters x the rows' real tokens per second.
+train:    PolicyTrainer.rl_step (DeepSpeed) on one GRPO batch of real rollouts, padded and with trainer.shared_prefix
+          (each prompt computed once for its group), against a bare PyTorch loop (the HF model, AdamW, the same
+          micro-batches and loss) and against the machine's bf16/fp32 matmul rate: MFU counts 6 x parameters x the
+          rows' real tokens per second (with shared_prefix fewer are computed, so its figure is an effective one).
 rollout:  VLLMEngine.generate (per-prompt seeds, log-probs, token ids) against the same engine's `vllm.LLM.generate`
           with plain sampling parameters, the same prompts: generated tokens/s.
 sync:     VLLMEngine.update_weights of every trainer tensor (a hybrid rank's local channel: vLLM's reload, then the
@@ -15,8 +16,10 @@ eval:     rlhf.evaluate.evaluate, greedy, on the 128 held-out prompts (the recip
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -115,11 +118,20 @@ def main() -> None:
     rows_n = len(samples)
     tr = TrainerConfig(lr=1e-6, batch_size=rows_n, micro_batch_size=16, warmup_steps=0, grad_clip=1.0)
     trainer = PolicyTrainer(path, tr, dtype=args.dtype)
+    shared_trainer = PolicyTrainer(path, dataclasses.replace(tr, shared_prefix=True), dtype=args.dtype)
     bare = BareLoop(path, 1e-6, 16, dtype=dtype)
     torch.set_num_threads(args.threads)
-    ours_fn, bare_fn = (lambda: trainer.rl_step(dict(batch), AlgorithmConfig())), (lambda: bare.step(batch))
-    ours_fn(), bare_fn()  # warm-up
-    ours, plain = median_time(ours_fn, args.repeats), median_time(bare_fn, args.repeats)
+    fns = {"PolicyTrainer.rl_step": lambda: trainer.rl_step(dict(batch), AlgorithmConfig()),
+           "same, trainer.shared_prefix": lambda: shared_trainer.rl_step(dict(batch), AlgorithmConfig()),
+           "bare PyTorch loop": lambda: bare.step(batch)}
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {name: [] for name in fns}
+    for _ in range(args.repeats):  # interleaved: a noisy neighbour hits all three alike
+        for name, fn in fns.items():
+            times[name].append(median_time(fn, 1))
+    times = {name: statistics.median(t) for name, t in times.items()}
+    plain = times["bare PyTorch loop"]
     tokens, trained = int(batch["attention_mask"].sum()), int(batch["loss_mask"].sum())
     flops = 6 * sum(t.numel() for t in trainer.ds.module.parameters()) * tokens
     peak = matmul_rate(dtype)
@@ -131,7 +143,7 @@ def main() -> None:
     print(f"\ntrain: {rows_n} rows, {tokens} tokens ({trained} trained), micro-batches of 16")
     print_table(["update", "s", "tokens/s", "trained tokens/s", "GFLOP/s", "MFU", "ratio to bare"],
                 [[name, s, tokens / s, trained / s, flops / s / 1e9, flops / s / 1e9 / peak, s / plain]
-                 for name, s in (("PolicyTrainer.rl_step", ours), ("bare PyTorch loop", plain))])
+                 for name, s in times.items()])
     print("\nrollout (generated tokens):")
     print_table(["generate", "s", "tokens/s", "ours / plain"], rollout_rows)
     print("\nsync:")

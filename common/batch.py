@@ -158,11 +158,12 @@ def _cut(t: torch.Tensor, width: int, w: int) -> torch.Tensor:
     return t
 
 
-def map_grouped(batch: Batch, size: int, fn) -> torch.Tensor:
-    """fn(micro-batch) -> per-row result, (b,) or (b, w', ...), over length_grouped micro-batches of `size` rows;
-    returned in the batch's row order, dim 1 zero-padded back by what each cut removed ((b, w-1) -> (B, L-1))."""
+def map_grouped(batch: Batch, size: int, fn, unit: int = 1) -> torch.Tensor:
+    """fn(micro-batch) -> per-row result, (b,) or (b, w', ...), over length_grouped micro-batches of `size` rows
+    (kept together in `unit`s); returned in the batch's row order, dim 1 zero-padded back by what each cut removed
+    ((b, w-1) -> (B, L-1))."""
     pieces, width = [], batch["input_ids"].shape[1]
-    for rows, mb in length_grouped(batch, size):
+    for rows, mb in length_grouped(batch, size, unit):
         out = fn(mb)
         pieces.append((rows, out))
         full = width - mb["input_ids"].shape[1] + (out.shape[1] if out.dim() > 1 else 0)

@@ -38,6 +38,9 @@ class TrainerConfig:
     # the same loss. For per-sequence attention (flash attention on GPU); on CPU sdpa's dense mask makes it slower
     # (docs/performance.md). Policy and critic (per-token outputs), not the reward model
     packing: bool = False
+    # rows that share a prompt (a group's samples, a DPO pair) go through the model as one row, the prompt computed
+    # once, under a 4D attention mask (common.prefix_sharing); the same loss and gradient. sdpa or eager attention
+    shared_prefix: bool = False
     attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null: HF
 
 

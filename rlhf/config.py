@@ -280,6 +280,9 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
     if tr.packing and cfg.stage == "rm":
         bad("trainer.packing", True, "the reward model scores each row's last token, so its rows stay padded; "
             "set it to false (packing applies to the sft, dpo and rl stages)")
+    if tr.shared_prefix and (tr.packing or cfg.stage == "rm" or tr.attn_implementation not in (None, "sdpa", "eager")):
+        bad("trainer.shared_prefix", True, "needs trainer.packing: false, a per-token model (not the rm stage) and "
+            "sdpa or eager attention (its 4D mask); set it to false or change those")
     if tr.attn_implementation is not None and "/" not in tr.attn_implementation:  # a/b: a kernel from the Hub
         choice("trainer.attn_implementation", tr.attn_implementation, ATTN_IMPLEMENTATIONS)
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):

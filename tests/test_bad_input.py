@@ -71,6 +71,8 @@ CONFIGS = [
      [], "multi-turn rollouts (env.name) are generated within their step"),
     ("token-budget-zero", "trainer:\n  max_tokens_per_micro_batch: 0\n", [], "trainer.max_tokens_per_micro_batch = 0"),
     ("packed-reward-model", "stage: rm\ntrainer:\n  packing: true\n", [], "its rows stay padded"),
+    ("shared-prefix-flash", "trainer:\n  shared_prefix: true\n  attn_implementation: flash_attention_2\n", [],
+     "trainer.shared_prefix = True: needs trainer.packing: false"),
     ("unknown-attention", "trainer:\n  attn_implementation: flash\n", [], "trainer.attn_implementation = 'flash'"),
     ("unknown-sync-channel", RL + "rollout:\n  sync_channel: nccl\n", [], "rollout.sync_channel = 'nccl'"),
     ("cuda-ipc-split", RL + "rollout:\n  sync_channel: ipc\nplacement:\n  mode: split\n  num_gpus: 4\n", [],

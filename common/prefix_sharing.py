@@ -1,0 +1,98 @@
+"""Shared-prefix forward (`trainer.shared_prefix`): rows that begin with the same untrained prefix (a prompt's G
+samples, a DPO pair's prompt) go through the model as one row: the prefix once, then each row's own tokens after
+it, under a 4D attention mask that lets every continuation see the prefix and itself only, with position ids that
+restart at the prefix's end for each continuation. The prefix's work is done once per group instead of once per row.
+The outputs are gathered back into the padded layout the losses read, so the loss is the padded forward's; and so is
+the gradient (a prefix position read by G rows receives the sum of what the G rows send back). Prefix Grouper
+(Liu et al., 2025, arXiv:2506.05433) shows the same equivalence for GRPO. Pure functions on tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SharedLayout:
+    """R packed rows of width N for B padded rows of width W."""
+
+    input_ids: torch.Tensor  # (R, N) one row per distinct prefix: prefix | continuation 1 | ... | continuation k | pad
+    position_ids: torch.Tensor  # (R, N) 0.. along the prefix; each continuation goes on from the prefix's length
+    allowed: torch.Tensor  # (R, 1, N, N) bool: query i may attend to key j
+    source: torch.Tensor  # (B, W) index into the flattened (R * N) packed tokens of each padded token; -1 on padding
+
+    @property
+    def width(self) -> int:
+        return self.input_ids.shape[1]
+
+
+def prefix_lengths(attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Tokens before each row's first trained token (its whole length where it trains none).
+    attention_mask (B, W), loss_mask (B, W-1) (loss_mask[:, t] trains token t+1) -> (B,) int64."""
+    trains = loss_mask.any(1)
+    first = loss_mask.int().argmax(1) + 1
+    return torch.where(trains, first, attention_mask.sum(1)).long()
+
+
+def prefix_groups(input_ids: torch.Tensor, cuts: list[int]) -> list[list[int]]:
+    """Row indices grouped by identical prefix (input_ids[b, :cuts[b]]), in order of first appearance."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for b, c in enumerate(cuts):
+        groups.setdefault(tuple(input_ids[b, :c].tolist()), []).append(b)
+    return list(groups.values())
+
+
+def group_unit(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> int:
+    """G when the rows are consecutive runs of G rows sharing a prefix (a rollout's groups, in order), else 1: the
+    number of rows a micro-batch must keep together for each group's prefix to be computed once."""
+    cuts = prefix_lengths(attention_mask, loss_mask).tolist()
+    groups = prefix_groups(input_ids, cuts)
+    size = len(groups[0])
+    contiguous = all(g == list(range(g[0], g[0] + size)) for g in groups)
+    return size if contiguous and all(len(g) == size for g in groups) else 1
+
+
+def share_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> SharedLayout:
+    """The packed layout of right-padded rows. input_ids, attention_mask (B, W); loss_mask (B, W-1)."""
+    lengths = attention_mask.sum(1).tolist()
+    cuts = prefix_lengths(attention_mask, loss_mask).tolist()
+    groups = prefix_groups(input_ids, cuts)
+    n = max(cuts[g[0]] + sum(lengths[b] - cuts[b] for b in g) for g in groups)
+    rows, width = input_ids.shape
+    ids = torch.zeros((len(groups), n), dtype=input_ids.dtype)
+    positions = torch.zeros((len(groups), n), dtype=torch.long)
+    allowed = torch.eye(n, dtype=torch.bool).repeat(len(groups), 1, 1, 1)  # padding sees itself: no empty softmax
+    source = torch.full((rows, width), -1, dtype=torch.long)
+    for r, members in enumerate(groups):
+        c = cuts[members[0]]
+        ids[r, :c], positions[r, :c] = input_ids[members[0], :c], torch.arange(c)
+        allowed[r, 0, :c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
+        at = c
+        for b in members:
+            source[b, :c] = r * n + torch.arange(c)
+            k = lengths[b] - c
+            ids[r, at:at + k], positions[r, at:at + k] = input_ids[b, c:c + k], torch.arange(c, c + k)
+            allowed[r, 0, at:at + k, :c] = True
+            allowed[r, 0, at:at + k, at:at + k] = torch.ones(k, k, dtype=torch.bool).tril()
+            source[b, c:c + k] = r * n + at + torch.arange(k)
+            at += k
+    return SharedLayout(ids, positions, allowed, source)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bool mask as the float one eager attention adds to its scores: 0 where allowed, dtype's min elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def gather_rows(packed: torch.Tensor, layout: SharedLayout, start: int = 0) -> torch.Tensor:
+    """The packed output back in the padded layout, from column `start` on: (B, W - start, ...), zeros on padding.
+    `packed` (R, K, ...) holds the last K positions of each packed row (a forward with logits_to_keep = K); a padded
+    position whose packed position is not among them (a prefix token before `start`) is zero as well.
+    Differentiable: a packed position read by several rows gets the sum of their gradients."""
+    n, keep = layout.width, packed.shape[1]
+    src = layout.source[:, start:].to(packed.device)
+    row, pos = src.div(n, rounding_mode="floor"), src.remainder(n) - (n - keep)
+    valid = (src >= 0) & (pos >= 0)
+    flat = packed.reshape((-1,) + tuple(packed.shape[2:]))
+    out = packed.new_zeros(tuple(src.shape) + tuple(packed.shape[2:]))
+    return out.index_put(tuple(valid.nonzero().T), flat[(row * keep + pos)[valid]])
