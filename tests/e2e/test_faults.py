@@ -101,6 +101,27 @@ def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_killed_engine_under_async_rl_is_restarted_and_every_prompt_still_trained_once(sft_model, tmp_path):
+    """The same kill under rollout.max_staleness 1, where the engine generates ahead in a thread of its own while the
+    trainer trains: Ray restarts it, the current weights are pushed into it, its chunk is redone, and the run
+    finishes with every step's 16 prompts trained (none lost, none twice) and the staleness bound kept."""
+    import json
+
+    proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0", "rollout.max_staleness=1")
+    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.generate")
+    out, err = _finish(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert "rollout engine 0 died and Ray restarted it" in out, out[-3000:]
+    rows = {r["step"]: r for r in read_metrics(str(tmp_path))}
+    assert sorted(rows) == [0, 1, 2, 3, 4] and rows[4]["rollout/engine_restarts"] == 1, rows
+    assert all(rows[s]["rollout/staleness_max"] <= 1 for s in range(1, 5)), rows
+    trained = [json.loads(line) for line in open(tmp_path / "trained_rows.jsonl")]
+    assert [t["step"] for t in trained] == [1, 2, 3, 4]
+    every = [r for t in trained for r in t["rows"]]
+    assert all(len(t["rows"]) == 16 for t in trained) and len(set(every)) == len(every) == 64
+
+
+@pytest.mark.slow
 def test_a_killed_trainer_rank_ends_the_run_with_one_paragraph(sft_model, tmp_path):
     """`kill -9` of the trainer's process mid-run: exit code 3 and one paragraph naming the worker, the last
     checkpoint and how to resume; no traceback (shutting down the dead worker must not raise again in close())."""
