@@ -92,3 +92,23 @@ def test_a_shared_prefix_update_equals_the_padded_one(tiny_model_dir):
     critics = [Critic(tiny_model_dir, c) for c in (tr, replace(tr, shared_prefix=True))]
     values = [c.compute_values(batch) * batch["loss_mask"] for c in critics]
     assert torch.allclose(values[1], values[0], atol=1e-5)
+
+
+def test_a_dpo_pair_shares_its_prompt_and_the_dpo_update_is_unchanged(tiny_model_dir):
+    """Interleaved preference pairs (common.batch.pack_pairs): chosen and rejected share the prompt, so each pair is
+    one row under shared_prefix; the DPO loss, its metrics and the gradient norm equal the padded update's."""
+    from actors.policy import PolicyTrainer
+    from common.batch import pack_pairs
+    from rlhf.config import AlgorithmConfig, TrainerConfig
+
+    g = torch.Generator().manual_seed(3)
+    tokens = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (24,), generator=g)]
+    batch = pack_pairs(tokens[:8], tokens[8:16], tokens[16:], pad_id=0)
+    lay = share_prefixes(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    assert lay.input_ids.shape[0] == 8  # one row a pair
+    batch["ref_logps"] = -torch.rand(16, generator=g) * 20
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=4, warmup_steps=0)
+    a, b = [PolicyTrainer(tiny_model_dir, c).dpo_step(dict(batch), AlgorithmConfig())
+            for c in (tr, replace(tr, shared_prefix=True))]
+    for key in ("train/loss", "train/grad_norm", "dpo/reward_margin"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
