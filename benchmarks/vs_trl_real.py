@@ -16,6 +16,7 @@ own virtualenv (benchmarks/vs_trl.py makes it).
 The start model and both final models are scored afterwards by the same code, each in its own process: greedy
 accuracy and pass@4 (temperature 0.6) on the 128 held-out prompts, vLLM bf16. Prints median s/step, the whole
 run's wall time (start-up, steps, saving), accuracy before and after, the gain a minute, and our / TRL ratios.
+Neither side evaluates inside its run (ours: eval.every=-1), so both walls time the same work.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def ordered_rows(steps: int, seed: int) -> list[dict]:
 def run_ours(steps: int, seed: int) -> dict:
     out = os.path.join(CACHE, f"ours-{time.strftime('%H%M%S')}")
     cmd = [sys.executable, "-m", "rlhf.run", "--config", RECIPE, f"output_dir={out}", f"trainer.max_steps={steps}",
-           "eval.every=0", "checkpoint.every=0", f"seed={seed}"]
+           "eval.every=-1", "checkpoint.every=0", f"seed={seed}"]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     code, peak, wall = measure(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=ROOT))
     assert code == 0, f"our run failed (exit {code}); see {out}"

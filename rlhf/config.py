@@ -157,7 +157,7 @@ class TeacherConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 50  # steps between evaluations; 0 = only before and after training
+    every: int = 50  # steps between evaluations; 0 = only before and after training; -1 = never
     max_new_tokens: int = 32  # the completion budget of evaluation
     n_samples: int = 1  # > 1: also sample this many completions per prompt and report eval/pass@k
     temperature: float = 1.0  # sampling temperature of those samples (the greedy pass is always temperature 0)
@@ -328,8 +328,8 @@ def _validate_outputs(cfg: RunConfig, bad, choice, positive) -> None:
     if fn is not None and fn not in REWARD_NAMES and (fn.count(":") != 1 or not all(fn.split(":"))):
         bad("reward.fn", fn, f"write it as 'package.module:function', or name a built-in reward: "
             f"{', '.join(REWARD_NAMES)}")
-    if cfg.eval.every < 0:
-        bad("eval.every", cfg.eval.every, "must be >= 0 (0 evaluates only before and after training)")
+    if cfg.eval.every < -1:
+        bad("eval.every", cfg.eval.every, "must be >= -1 (0 evaluates only before and after training, -1 never)")
     positive("eval.max_new_tokens", cfg.eval.max_new_tokens)
     positive("eval.n_samples", cfg.eval.n_samples)
     if cfg.eval.n_samples > 1 and cfg.eval.temperature <= 0:

@@ -69,6 +69,8 @@ def answer_metric(cfg: RunConfig) -> str:
 def eval_summary(rows: list[dict], headline: str) -> str:
     """`<metric> first -> last` for the headline evaluation metric and the widest pass@k logged."""
     evals = [r for r in rows if headline in r]
+    if not evals:
+        return "not evaluated (eval.every=-1)"
     passes = sorted((k for k in evals[0] if k.startswith("eval/pass@")), key=lambda k: int(k.split("@")[1]))
     keys = [headline] + passes[-1:]
     return ", ".join(f"{k} {evals[0][k]:.3f} -> {evals[-1][k]:.3f}" for k in keys)
@@ -118,18 +120,20 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     and at the end, save. Returns (first evaluation, last metrics row); prints `<name> done: <headline> before ->
     after`."""
     start, guard = 0, BadStepGuard(cfg.trainer.max_bad_steps)
+    evaluating = cfg.eval.every >= 0  # -1: never (a run timed against a trainer that does not evaluate)
     if resume_from is not None:
         stage.restore(resume_from, state)
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:
-        logger.log(0, {**timed_evaluation(stage, logger), **stage.initial_metrics()}, advance=False)
+        logger.log(0, {**(timed_evaluation(stage, logger) if evaluating else {}), **stage.initial_metrics()},
+                   advance=False)
     row: dict = {}
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
         row = stage.step(step)
         row["time/step"] = time.perf_counter() - begin
-        if step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0):
+        if evaluating and (step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0)):
             row.update(timed_evaluation(stage, logger))
         if guard.observe(row):
             warn_skipped(logger, step, row)
@@ -146,7 +150,7 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         stage.save_final(out)
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
-    return next(r for r in rows if headline in r), row
+    return next((r for r in rows if headline in r), {}), row
 
 
 class TrainerStage:
