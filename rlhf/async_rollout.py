@@ -13,11 +13,15 @@ update's importance weight divides by (algorithm.tis_cap, algorithm.tis_mask).
 The generator is one driver thread; `synced` pauses it between chunks. Its state at each sync (the prompts queued
 with their tokens so far, the data position) is what a checkpoint records (`snapshot`), so a resumed run continues
 them and trains every prompt once.
+
+Dynamic sampling (DAPO's further rounds for a step whose groups' rewards are all equal) asks for them as the step's
+samples arrive (`refill`): a further round's prompts are drawn then and generated before anything queued, by the
+engines' current weights, so it is never staler than the step itself.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -25,6 +29,7 @@ import numpy as np
 from rollout.engine import Sample, SamplingConfig
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
+Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
 
 
 @dataclass
@@ -51,33 +56,40 @@ class Seq:
 class StepRollout:
     """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
     adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
-    them)."""
+    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended."""
     step: int
     row_ids: list[int]
     seqs: list[Seq]
     stops: tuple[int, ...]
     prompts_before: dict
+    turns: bool = False
+    whole: Optional[list[Sample]] = None  # (not saved: a resumed run redoes the step's trajectories)
 
     @property
     def done(self) -> bool:
-        return all(s.finish is not None for s in self.seqs)
+        return self.whole is not None if self.turns else all(s.finish is not None for s in self.seqs)
 
     def samples(self, n: int) -> list[Sample]:
+        if self.turns:
+            return self.whole
         return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
                        versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
 
     def state(self) -> dict:
-        return {**asdict(self), "stops": list(self.stops)}
+        return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
+                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns}
 
     @classmethod
     def from_state(cls, d: dict) -> "StepRollout":
-        return cls(d["step"], d["row_ids"], [Seq(**s) for s in d["seqs"]], tuple(d["stops"]), d["prompts_before"])
+        return cls(d["step"], d["row_ids"], [Seq(**s) for s in d["seqs"]], tuple(d["stops"]), d["prompts_before"],
+                   d.get("turns", False))
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
     """Per sample: how many versions its oldest token is behind the trainer's, and how many versions sampled it."""
-    behind = np.array([trainer_version - int(s.versions.min()) if len(s.versions) else 0 for s in samples])
-    spans = np.array([len(np.unique(s.versions)) for s in samples])
+    versions = [s.versions if s.versions is not None and len(s.versions) else None for s in samples]
+    behind = np.array([0 if v is None else trainer_version - int(v.min()) for v in versions])
+    spans = np.array([0 if v is None else len(np.unique(v)) for v in versions])
     return {"rollout/staleness_mean": float(behind.mean()), "rollout/staleness_max": float(behind.max()),
             "rollout/versions_per_sample": float(spans.mean()), "rollout/interrupted_frac": float((spans > 1).mean())}
 
@@ -85,17 +97,20 @@ def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, 
 class AsyncRollout:
     """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.data.BatchIterator (this object draws
     from it); `encode(row_ids)`: their prompt ids and stop ids; `sampling`: n, budget, temperature, top_p and the
-    base seed (None: the engines' own RNG); steps up to `last_step` are generated."""
+    base seed (None: the engines' own RNG); steps up to `last_step` are generated. Multi-turn (env.name):
+    `turns(row_ids, engines)` runs the rows' trajectories (rollout.trajectory), one step's at a time, through
+    `engines` as `TurnGate` hands them over: a sync lands between turns."""
 
     def __init__(self, engines, prompts, encode: Encode, sampling: SamplingConfig, max_staleness: int,
-                 chunk_tokens: int, last_step: int):
-        self.engines, self.prompts, self.encode, self.sampling = engines, prompts, encode, sampling
+                 chunk_tokens: int, last_step: int, turns: Optional[Turns] = None):
+        self.engines, self.prompts, self.encode, self.sampling, self.turns = engines, prompts, encode, sampling, turns
         self.max_staleness, self.chunk_tokens, self.last_step = max_staleness, chunk_tokens, last_step
         self.call_rows = prompts.batch_size * sampling.n  # a chunk call takes at most one step's sequences
         self.version, self.next_step, self.calls = 0, 1, 0  # calls: chunk calls so far (each call's seed)
         self.queue: list[StepRollout] = []
         self.cond = threading.Condition()
-        self.pausing = self.busy = self.closed = False
+        self.pausing = self.closed = False
+        self.busy = 0  # engine calls in flight (a sync waits for none)
         self.error: Optional[BaseException] = None
         self.thread: Optional[threading.Thread] = None
         self.snapshot = self._state()
@@ -113,6 +128,13 @@ class AsyncRollout:
                     raise RuntimeError(f"step {step} wants its rollout, but step {self.queue[0].step}'s is next")
                 self.cond.wait()
             return self.queue.pop(0)
+
+    def refill(self, step: int) -> StepRollout:
+        """Another round of new prompts for step `step` (the one being trained), generated ahead of the queue."""
+        with self.cond:
+            self.queue.insert(0, self._draw(step))
+            self.cond.notify_all()
+        return self.take(step)
 
     def start(self) -> None:
         """Start generating (the first `take` does, if nothing did before)."""
@@ -157,23 +179,51 @@ class AsyncRollout:
     # ---- the generator thread ----
     def _run(self) -> None:
         try:
-            while True:
-                with self.cond:
-                    work = self._next_work()
-                    if work is None:
-                        return
-                    self.busy, version = True, self.version
-                seqs, sampling = work
-                chunks = self.engines.generate([s.prompt_ids + s.ids for s in seqs], sampling)
-                with self.cond:
-                    for s, chunk, budget in zip(seqs, chunks, sampling.budgets):
-                        s.extend(chunk, version, budget, self.sampling.max_new_tokens)
-                    self.busy = False
-                    self.cond.notify_all()
+            (self._run_turns if self.turns is not None else self._run_chunks)()
+        except Closed:
+            return
         except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, which raises it
             with self.cond:
-                self.error, self.busy = e, False
+                self.error, self.busy = e, 0
                 self.cond.notify_all()
+
+    def _run_chunks(self) -> None:
+        while True:
+            with self.cond:
+                work = self._next_work()
+                if work is None:
+                    return
+                self.busy, version = self.busy + 1, self.version
+            seqs, sampling = work
+            chunks = self.engines.generate([s.prompt_ids + s.ids for s in seqs], sampling)
+            with self.cond:
+                for s, chunk, budget in zip(seqs, chunks, sampling.budgets):
+                    s.extend(chunk, version, budget, self.sampling.max_new_tokens)
+                self.busy -= 1
+                self.cond.notify_all()
+
+    def _run_turns(self) -> None:
+        """Multi-turn: the oldest step's trajectories, whole, then the next step's."""
+        gate = TurnGate(self)
+        while True:
+            with self.cond:
+                rollout = self._next_turns()
+                if rollout is None:
+                    return
+            samples = self.turns(rollout.row_ids, gate)
+            with self.cond:
+                rollout.whole = samples
+                self.cond.notify_all()
+
+    def _next_turns(self) -> Optional[StepRollout]:
+        """The oldest step whose trajectories are not generated yet, once there is one; None once closed."""
+        while not self.closed:
+            self._start_allowed()
+            waiting = [b for b in self.queue if b.whole is None]
+            if waiting:
+                return waiting[0]
+            self.cond.wait()
+        return None
 
     def _next_work(self) -> Optional[tuple[list[Seq], SamplingConfig]]:
         """(the oldest unfinished sequences, at most one step's, and their chunk's sampling), once there are any
@@ -190,12 +240,18 @@ class AsyncRollout:
     def _start_allowed(self) -> None:
         """Draw the prompts of every step the engines' version may start: step t once version >= t-1-K."""
         while self.next_step <= min(self.version + 1 + self.max_staleness, self.last_step):
-            before = self.prompts.state()
-            row_ids = self.prompts.next_ids()
-            prompt_ids, stops = self.encode(row_ids)
-            seqs = [Seq(list(p)) for p in prompt_ids for _ in range(self.sampling.n)]
-            self.queue.append(StepRollout(self.next_step, row_ids, seqs, stops, before))
+            self.queue.append(self._draw(self.next_step))
             self.next_step += 1
+
+    def _draw(self, step: int) -> StepRollout:
+        """The next prompts, as a round of step `step`, n sequences each. Holds the lock."""
+        before = self.prompts.state()
+        row_ids = self.prompts.next_ids()
+        if self.turns is not None:  # the environments write the first messages
+            return StepRollout(step, row_ids, [], (), before, turns=True)
+        prompt_ids, stops = self.encode(row_ids)
+        seqs = [Seq(list(p)) for p in prompt_ids for _ in range(self.sampling.n)]
+        return StepRollout(step, row_ids, seqs, stops, before)
 
     def _chunk_sampling(self, seqs: list[Seq]) -> SamplingConfig:
         s = self.sampling
@@ -216,3 +272,43 @@ class AsyncRollout:
     def _raise_error(self) -> None:
         if self.error is not None:
             raise self.error
+
+
+class Closed(Exception):
+    """The generator was closed while a turn waited to start."""
+
+
+class TurnGate:
+    """The engines as a multi-turn runner sees them while generating ahead: a turn's call waits while a sync is
+    waiting and holds the next sync off until its samples are back; its tokens carry the version that sampled
+    them (rollout.group.RolloutGroup's submit/collect)."""
+
+    def __init__(self, pipeline: AsyncRollout):
+        self.pipeline = pipeline
+
+    def submit(self, prompt_ids, sampling: SamplingConfig):
+        p = self.pipeline
+        with p.cond:
+            while p.pausing and not p.closed:
+                p.cond.wait()
+            if p.closed:
+                raise Closed()
+            p.busy, version = p.busy + 1, p.version
+        try:
+            return version, p.engines.submit(prompt_ids, sampling)
+        except BaseException:
+            self._done()
+            raise
+
+    def collect(self, handle) -> list[Sample]:
+        version, submitted = handle
+        try:
+            samples = self.pipeline.engines.collect(submitted)
+        finally:
+            self._done()
+        return [replace(s, versions=np.full(len(s.completion_ids), version, dtype=np.int32)) for s in samples]
+
+    def _done(self) -> None:
+        with self.pipeline.cond:
+            self.pipeline.busy -= 1
+            self.pipeline.cond.notify_all()

@@ -28,20 +28,13 @@ def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
 
 def validate_async(cfg: RunConfig, bad, positive) -> None:
     """rollout.max_staleness > 0: what can run ahead of the trainer (docs/async.md)."""
-    r, a = cfg.rollout, cfg.algorithm
+    r = cfg.rollout
     positive("rollout.chunk_tokens", r.chunk_tokens)
     if r.max_staleness < 0:
         bad("rollout.max_staleness", r.max_staleness, "must be >= 0 (0 = synchronous; K = samples at most K updates "
             "behind the trained weights)")
     if r.max_staleness == 0:
         return
-    if a.dynamic_sampling:
-        bad("rollout.max_staleness", r.max_staleness, "an asynchronous step's prompts are drawn ahead, one round "
-            "a step, so no further rounds can fill it: set algorithm.dynamic_sampling=false (algorithm.oversample "
-            "> 1 chooses among what arrives), or rollout.max_staleness=0")
-    if cfg.env.name is not None:
-        bad("rollout.max_staleness", r.max_staleness, "multi-turn rollouts (env.name) are generated within their "
-            "step, their turns interleaved with the environment's: set rollout.max_staleness=0")
     if cfg.placement.num_gpus > 0 and cfg.placement.mode == "colocate":
         bad("rollout.max_staleness", r.max_staleness, "colocated roles take turns on the GPUs (the engines sleep "
             "while the trainers train), so nothing can run ahead: use placement.mode=split, or max_staleness=0")

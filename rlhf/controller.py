@@ -56,8 +56,7 @@ class RLController:
                 teacher_model(cfg, self.model_path)
         self.warn_at = logprob_diff_warn(cfg)
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
-        # One on-policy update per rollout (one epoch, one mini-batch): the weights that generated the rollout are
-        # the ones being trained, so the training forward supplies the old log-probs; no separate pass.
+        # One update per rollout (one epoch, one mini-batch): the old log-probs are the training forward's own.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
                                    and not (a.kl_coef > 0 and a.kl_in_reward))
         self.resume_from, self.resume_state = resume_point(cfg)  # before anything appends to the run folder
@@ -102,14 +101,16 @@ class RLController:
 
     def _async_rollout(self):
         from rlhf.async_rollout import AsyncRollout
+        rows, r, sampling = self.prompts.rows, self.cfg.rollout, self._sampling(0, 0, ())
 
         def encode(row_ids: list[int]):
-            prompts = [self.prompts.rows[i]["prompt"] for i in row_ids]
+            prompts = [rows[i]["prompt"] for i in row_ids]
             return [self.renderer.prompt_ids(p) for p in prompts], self.renderer.stop_ids(prompts)
 
-        r = self.cfg.rollout
-        return AsyncRollout(self.rollout, self.prompts, encode, self._sampling(0, 0, ()), r.max_staleness,
-                            r.chunk_tokens, self.cfg.trainer.max_steps)
+        def turns(row_ids: list[int], engines):  # multi-turn: whole trajectories, through the generator's gate
+            return self.trajectories.run([rows[i] for i in row_ids], sampling, engines)
+        return AsyncRollout(self.rollout, self.prompts, encode, sampling, r.max_staleness, r.chunk_tokens,
+                            self.cfg.trainer.max_steps, turns if self.trajectories else None)
 
     def _setup_sync(self) -> None:
         """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
@@ -220,7 +221,10 @@ class RLController:
                 if sum(int(r.signal.sum()) for r in rounds) >= want:
                     break
         # (asleep only now, not between rounds: a level-2 sleep discards the weights, and only a sync restores them)
-        return select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
+        batch, metrics, row_ids = select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
+        if self.pipeline is not None:  # the staleness of what is trained, over all its rounds
+            metrics.update(staleness_metrics(batch.samples, trainer_version=step - 1))
+        return batch, metrics, row_ids
 
     def _offload_trainers(self, t: PhaseTimer) -> None:
         """trainer.offload (GPU colocation): the engines get the memory; the trainers reload on their next call."""
@@ -247,8 +251,8 @@ class RLController:
     def _generate(self, step: int, attempt: int = 0) -> tuple[list[int], list, dict[str, float]]:
         """(dataset rows, their samples, metrics) of step `step`'s rollout: generated now, or ahead (as it finishes;
         its metrics say how stale)."""
-        if self.pipeline is not None:
-            ahead = self.pipeline.take(step)
+        if self.pipeline is not None:  # (a further round of dynamic sampling: new prompts, generated now)
+            ahead = self.pipeline.take(step) if attempt == 0 else self.pipeline.refill(step)
             samples = ahead.samples(self.cfg.rollout.n_samples)
             return ahead.row_ids, samples, staleness_metrics(samples, trainer_version=step - 1)
         row_ids = self.prompts.next_ids()

@@ -37,6 +37,7 @@ class Trajectory:
     prompt_len: int = 0
     mask: list[bool] = field(default_factory=list)  # per completion id: sampled by the model
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # per completion id, when the group's samples carry them
     last_turn: list[int] = field(default_factory=list)
     reward: float = 0.0
     turns: int = 0
@@ -44,10 +45,15 @@ class Trajectory:
     error: bool = False
     finish_reason: str = "stop"
 
+    def versions_padded(self) -> list[int]:
+        """`versions` with the observation tokens since the last turn (not trained on) marked as that turn's."""
+        return self.versions + self.versions[-1:] * (len(self.mask) - len(self.versions))
+
     def sample(self) -> Sample:
         return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:],
                       np.asarray(self.logprobs, dtype=np.float32),
-                      self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error))
+                      self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error),
+                      np.asarray(self.versions_padded(), dtype=np.int32) if self.versions else None)
 
 
 class EnvCalls:
@@ -99,8 +105,8 @@ def _run_into(fut: Future, fn: Callable, args: tuple) -> None:
 
 
 class TrajectoryRunner:
-    """`run(rows, sampling)`: `sampling.n` trajectories per row through `group` (a RolloutGroup: submit/collect),
-    returned in row order as Samples, like single-turn generation."""
+    """`run(rows, sampling)`: `sampling.n` trajectories per row through `group` (a RolloutGroup: submit/collect;
+    or one passed to `run`), returned in row order as Samples, like single-turn generation."""
 
     def __init__(self, group, renderer: PromptRenderer, env_cls: type, cfg: EnvConfig, max_model_len: int,
                  barrier: bool = False, max_calls_in_flight: int = 2):
@@ -108,7 +114,8 @@ class TrajectoryRunner:
         self.max_model_len, self.barrier, self.max_calls = max_model_len, barrier, max_calls_in_flight
         self.chat = bool(renderer.tokenizer.chat_template)
 
-    def run(self, rows: Sequence[dict], sampling: SamplingConfig) -> list[Sample]:
+    def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
+        group = group or self.group
         trajs = [Trajectory(i) for i, _ in enumerate(rows) for _ in range(sampling.n)]
         stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.chat else [""])
         one = replace(sampling, n=1, seed=None, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids,
@@ -121,7 +128,7 @@ class TrajectoryRunner:
             while envs.running or envs.queued or generating or ready:
                 if ready and len(generating) < self.max_calls and not (
                         self.barrier and (envs.running or envs.queued or generating)):
-                    generating[calls.submit(self._generate, ready, one)] = ready
+                    generating[calls.submit(self._generate, group, ready, one)] = ready
                     ready = []
                     continue
                 done, _ = wait([*envs.running, *generating], timeout=envs.wait_timeout(),
@@ -140,9 +147,11 @@ class TrajectoryRunner:
         t.env = self.env_cls(**self.cfg.kwargs)
         return t.env.reset(row)
 
-    def _generate(self, trajs: list[Trajectory], sampling: SamplingConfig) -> None:
-        samples = self.group.collect(self.group.submit([t.ids for t in trajs], sampling))
+    def _generate(self, group, trajs: list[Trajectory], sampling: SamplingConfig) -> None:
+        samples = group.collect(group.submit([t.ids for t in trajs], sampling))
         for t, s in zip(trajs, samples):
+            if s.versions is not None:  # generated ahead (rlhf.async_rollout): each turn's policy version
+                t.versions = t.versions_padded() + s.versions.tolist()
             t.ids += s.completion_ids
             t.mask += [True] * len(s.completion_ids)
             t.logprobs += s.rollout_logprobs.tolist()

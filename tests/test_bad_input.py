@@ -55,8 +55,6 @@ CONFIGS = [
     ("overlap-replaced", RL + "rollout:\n  overlap: true\n", [], "'rollout.overlap' was replaced: set "
      "rollout.max_staleness: 1"),
     ("overlap-replaced-override", RL, ["rollout.overlap=true"], "set rollout.max_staleness: 1 instead"),
-    ("async-dynamic", RL + "rollout:\n  max_staleness: 1\nalgorithm:\n  dynamic_sampling: true\n", [],
-     "drawn ahead, one round a step, so no further rounds can fill it"),
     ("async-negative", RL + "rollout:\n  max_staleness: -1\n", [], "rollout.max_staleness = -1: must be >= 0"),
     ("async-chunk-zero", RL + "rollout:\n  chunk_tokens: 0\n", [], "rollout.chunk_tokens = 0"),
     ("oversample-below-1", RL + "algorithm:\n  oversample: 0.5\n", [], "algorithm.oversample = 0.5: must be >= 1"),
@@ -67,8 +65,6 @@ CONFIGS = [
     ("env-missing-module", RL + "env:\n  name: nowhere.envs:Game\n", [], "cannot import 'nowhere.envs'"),
     ("env-missing-class", RL + "env:\n  name: tests.envs.toy:Nope\n", [], "has no 'Nope'"),
     ("env-zero-turns", RL + "env:\n  name: tests.envs.toy:Echo\n  max_turns: 0\n", [], "env.max_turns = 0"),
-    ("env-async", RL + "env:\n  name: tests.envs.toy:Echo\nrollout:\n  max_staleness: 1\n",
-     [], "multi-turn rollouts (env.name) are generated within their step"),
     ("token-budget-zero", "trainer:\n  max_tokens_per_micro_batch: 0\n", [], "trainer.max_tokens_per_micro_batch = 0"),
     ("packed-reward-model", "stage: rm\ntrainer:\n  packing: true\n", [], "its rows stay padded"),
     ("shared-prefix-flash", "trainer:\n  shared_prefix: true\n  attn_implementation: flash_attention_2\n", [],

@@ -56,6 +56,20 @@ def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model,
     assert "tis_cap: 2.0" in config and "tis_mask_low: 0.5" in config and "tis_mask_high: 5.0" in config
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_refills_a_step_generated_ahead_with_new_prompts(sft_model, tmp_path):
+    # near-greedy samples: a group's rewards are mostly all equal, so steps need further rounds
+    res = run_cli(*_args(sft_model, tmp_path, "rollout.max_staleness=1", "algorithm.dynamic_sampling=true",
+                         "rollout.temperature=0.05", "trainer.max_steps=3", "checkpoint.every=0",
+                         "data.num_train=512"), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))[1:]
+    assert any(r["rollout/fill_rounds"] > 1 for r in rows), [r["rollout/fill_rounds"] for r in rows]
+    assert all(r["rollout/staleness_max"] <= 1 for r in rows)
+    trained = [i for step_rows in _trained_rows(tmp_path).values() for i in step_rows]
+    assert len(trained) == 3 * PER_STEP and len(set(trained)) == len(trained)  # refills drew new prompts
+
+
 def _run_until_killed(args, out, titles: tuple[str, ...], min_rows: int, timeout_s: float = 600.0) -> None:
     """Start the run; once metrics.jsonl has `min_rows` rows, `kill -9` its whole process group the moment one of
     its processes has one of `titles` (Ray's `ray::Class.method` while a call runs)."""
@@ -98,3 +112,30 @@ def test_kill_9_during_generation_training_and_sync_trains_each_prompt_once(sft_
     assert sorted(trained) == list(range(1, STEPS + 1)) and all(len(r) == PER_STEP for r in trained.values())
     every = sorted(i for rows in trained.values() for i in rows)
     assert every == list(range(PER_STEP * STEPS))  # the epoch's every prompt, each trained exactly once
+
+
+@pytest.mark.slow
+def test_multi_turn_trajectories_generated_ahead_resume_after_kill_9_with_each_prompt_once(sft_model, tmp_path):
+    from rlhf.config import DataConfig
+    from rlhf.tasks import make_rows
+
+    steps = 4
+    rows = make_rows(DataConfig(task="sort", num_train=PER_STEP * steps, max_items=4, max_value=49), "train", 0)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    out = tmp_path / "run"
+    args = _args(sft_model, out, "rollout.max_staleness=1", "data.task=null", f"data.train_path={data}",
+                 f"data.eval_path={data}", "env.name=tests.envs.toy:SortTwice", "env.max_turns=3",
+                 "rollout.max_model_len=128", f"trainer.max_steps={steps}", "eval.every=-1")
+    # step 2 logged (so step 1's checkpoint is complete), trajectories in flight
+    _run_until_killed(args, out, ("VLLMEngine.generate",), min_rows=3)
+    res = run_cli(*args, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stdout and "not evaluated (eval.every=-1)" in res.stdout
+    logged = read_metrics(str(out))
+    assert [r["step"] for r in logged] == list(range(steps + 1)) and not any("eval/accuracy" in r for r in logged)
+    for r in logged[1:]:
+        assert r["rollout/turns"] == 2 and r["rollout/env_errors"] == 0 and r["rollout/staleness_max"] <= 1
+    assert max(r["rollout/staleness_max"] for r in logged[1:]) == 1  # trajectories were generated ahead
+    every = sorted(i for step_rows in _trained_rows(out).values() for i in step_rows)
+    assert every == list(range(PER_STEP * steps))  # each prompt trained exactly once across the kill

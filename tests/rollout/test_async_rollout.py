@@ -107,3 +107,74 @@ def test_a_restored_snapshot_continues_the_same_generations(engines):
         assert sample.completion_ids[:len(seq["ids"])] == seq["ids"]  # continued, not restarted
         assert sample.versions[:len(seq["ids"])].tolist() == seq["versions"]
     resumed.close()
+
+
+def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engines):
+    rows = [{"ids": [2 + i, 6]} for i in range(12)]
+    encode = lambda ids: ([rows[i]["ids"] for i in ids], ())  # noqa: E731
+    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=2), encode, SAMPLING, max_staleness=1,
+                            chunk_tokens=4, last_step=2)
+    first = pipeline.take(1)  # step 2's prompts were drawn too (K = 1), and are being generated
+    pipeline.synced(lambda: None, version=1)
+    refill = pipeline.refill(1)  # dynamic sampling wants more groups for step 1, after sync 1 (e.g. on a resume)
+    assert refill.step == 1 and refill.done and len(refill.row_ids) == 4
+    second = pipeline.take(2)
+    assert len(set(first.row_ids + second.row_ids + refill.row_ids)) == 12  # new prompts, each drawn once
+    assert {int(v) for s in refill.samples(2) for v in s.versions} == {1}  # all by the engines' current weights
+    pipeline.close()
+
+
+def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engines, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from common.options import EnvConfig
+    from rollout.render import PromptRenderer
+    from rollout.trajectory import TrajectoryRunner
+    from tests.envs.toy import Echo
+
+    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    rows = [{"word": w} for w in ("red", "green", "blue", "black")]
+    runner = TrajectoryRunner(engines, PromptRenderer.from_pretrained(tiny_model_dir), Echo, EnvConfig(max_turns=3),
+                              max_model_len=128)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, n=2)
+
+    def start(state=None):
+        p = AsyncRollout(engines, BatchIterator(rows, 2, seed=0), None, sampling, max_staleness=1, chunk_tokens=4,
+                         last_step=2, turns=lambda ids, gate: runner.run([rows[i] for i in ids], sampling, gate))
+        if state is not None:
+            p.load_state(state, step=1)
+        return p
+
+    engines.update_weights(list(old.state_dict().items()))  # (an earlier test left other weights in the engine)
+    pipeline = start()
+    pipeline.start()
+    _wait_for(lambda: pipeline.busy > 0)  # a first turn in flight: the sync lands after it, before the next turns
+    pipeline.synced(lambda: engines.update_weights(list(new.state_dict().items())), version=1)
+    saved = pipeline.snapshot["async"]
+    first = pipeline.take(1)
+    samples = first.samples(2)
+    assert len(samples) == 4 and all(s.env.turns == 3 for s in samples)
+    for s in samples:
+        sampled = np.asarray(s.completion_mask)
+        assert len(s.versions) == len(s.completion_ids) and (np.diff(s.versions) >= 0).all()
+        assert s.versions[-1] == 1  # at most its first turn was in flight at the sync
+        by_old, by_new = _teacher_forced(old, s), _teacher_forced(new, s)
+        v0, v1 = sampled & (s.versions == 0), sampled & (s.versions == 1)
+        assert np.abs(s.rollout_logprobs[v0] - by_old[v0]).max() < 1e-3
+        assert np.abs(s.rollout_logprobs[v1] - by_new[v1]).max() < 1e-3
+        assert np.abs(s.rollout_logprobs[v1] - by_old[v1]).mean() > 1e-2  # (so the check above can fail)
+    # the trajectories of the first turn's call (those whose reset came first) went on under the new weights
+    assert staleness_metrics(samples, trainer_version=0)["rollout/interrupted_frac"] > 0
+    pipeline.close()
+
+    # A checkpoint keeps which rows each queued step has (an environment's state is the user's object, not saved):
+    # resumed, their trajectories are run again from the first turn, so every row is still trained once.
+    assert [(b["step"], b["turns"], b["seqs"]) for b in saved["queue"]] == [(1, True, []), (2, True, [])]
+    resumed = start(saved)
+    again = resumed.take(1)
+    assert again.row_ids == first.row_ids and all(s.env.turns == 3 for s in again.samples(2))
+    resumed.close()
