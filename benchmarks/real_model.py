@@ -55,9 +55,12 @@ def bench_rollout(engine, ids: list[list[int]], sampling, repeats: int) -> tuple
                            stop_token_ids=list(sampling.stop_token_ids))
     inputs = [{"prompt_token_ids": list(p)} for p in ids]
     samples = engine.generate(ids, sampling)
-    ours = median_time(lambda: engine.generate(ids, sampling), repeats)
     raw_out = engine.llm.generate(inputs, plain, use_tqdm=False)
-    raw = median_time(lambda: engine.llm.generate(inputs, plain, use_tqdm=False), repeats)
+    ours_t, raw_t = [], []
+    for _ in range(repeats):  # interleaved: the machine's load moves between rounds (rollout_cost.py has the parts)
+        ours_t.append(median_time(lambda: engine.generate(ids, sampling), 1))
+        raw_t.append(median_time(lambda: engine.llm.generate(inputs, plain, use_tqdm=False), 1))
+    ours, raw = statistics.median(ours_t), statistics.median(raw_t)
     ours_tokens = sum(len(s.completion_ids) for s in samples)
     raw_tokens = sum(len(c.token_ids) for o in raw_out for c in o.outputs)
     ratio = (ours_tokens / ours) / (raw_tokens / raw)
