@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rollout.engine import Sample, SamplingConfig
+from rollout.engine import EnvOutcome, Sample, SamplingConfig
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
 Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
@@ -56,14 +56,15 @@ class Seq:
 class StepRollout:
     """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
     adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
-    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended."""
+    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended (a checkpoint
+    keeps them; the trajectories of a step still being played are played again after a resume)."""
     step: int
     row_ids: list[int]
     seqs: list[Seq]
     stops: tuple[int, ...]
     prompts_before: dict
     turns: bool = False
-    whole: Optional[list[Sample]] = None  # (not saved: a resumed run redoes the step's trajectories)
+    whole: Optional[list[Sample]] = None
 
     @property
     def done(self) -> bool:
@@ -77,12 +78,29 @@ class StepRollout:
 
     def state(self) -> dict:
         return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
-                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns}
+                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns,
+                "whole": None if self.whole is None else [_sample_state(s) for s in self.whole]}
 
     @classmethod
     def from_state(cls, d: dict) -> "StepRollout":
+        whole = d.get("whole")
         return cls(d["step"], d["row_ids"], [Seq(**s) for s in d["seqs"]], tuple(d["stops"]), d["prompts_before"],
-                   d.get("turns", False))
+                   d.get("turns", False), None if whole is None else [_sample_from_state(s) for s in whole])
+
+
+def _sample_state(s: Sample) -> dict:
+    """A finished trajectory as JSON (float32 log-probs survive the round trip through float64 exactly)."""
+    return {"prompt_index": s.prompt_index, "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
+            "rollout_logprobs": s.rollout_logprobs.tolist(), "finish_reason": s.finish_reason,
+            "completion_mask": s.completion_mask, "env": None if s.env is None else asdict(s.env),
+            "versions": None if s.versions is None else s.versions.tolist()}
+
+
+def _sample_from_state(d: dict) -> Sample:
+    return Sample(d["prompt_index"], d["prompt_ids"], d["completion_ids"],
+                  np.asarray(d["rollout_logprobs"], dtype=np.float32), d["finish_reason"], d["completion_mask"],
+                  None if d["env"] is None else EnvOutcome(**d["env"]),
+                  None if d["versions"] is None else np.asarray(d["versions"], dtype=np.int32))
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:

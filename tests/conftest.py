@@ -54,6 +54,23 @@ def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
                           timeout=timeout, cwd=cwd, env=env)
 
 
+def child_commands(pid=None) -> list:
+    """(process, command line) of each descendant of `pid` (this process by default) still alive: one that exits
+    while they are listed is left out (reading its command line would raise)."""
+    import psutil
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for p in children:
+        try:
+            found.append((p, " ".join(p.cmdline())))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
 def cli_in_process(*args: str, cwd: str = ROOT):
     """`rlhf.run.main(args)` in this process (no interpreter start-up, imports already warm): the return code and
     what it printed. An exception escaping main() fails the calling test, as a traceback would."""

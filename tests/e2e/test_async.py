@@ -9,11 +9,10 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
 from rlhf.metrics import read_metrics
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, child_commands, run_cli
 
 PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
 
@@ -81,20 +80,13 @@ def _run_until_killed(args, out, titles: tuple[str, ...], min_rows: int, timeout
         while time.time() < deadline:
             assert proc.poll() is None, f"the run ended before the kill ({titles}): {proc.stderr.read()[-3000:]}"
             logged = len(read_metrics(str(out))) if (out / "metrics.jsonl").is_file() else 0
-            if logged >= min_rows and any(t in " ".join(p.cmdline()) for p in _children(proc.pid) for t in titles):
+            if logged >= min_rows and any(t in cmd for _, cmd in child_commands(proc.pid) for t in titles):
                 return
             time.sleep(0.001 if logged >= min_rows else 0.2)
         raise AssertionError(f"no process titled {titles} within {timeout_s:.0f} s")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-
-
-def _children(pid: int) -> list:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 @pytest.mark.slow

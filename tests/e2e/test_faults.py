@@ -5,7 +5,7 @@ from safetensors.torch import load_file
 
 from rlhf import checkpoint
 from rlhf.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.conftest import child_commands, run_cli
 
 
 @pytest.mark.slow
@@ -49,16 +49,14 @@ def _kill_when(proc, ready, title: str, timeout_s: float = 600.0) -> None:
     import signal
     import time
 
-    import psutil
-
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         if ready():
-            found = [p for p in psutil.Process(proc.pid).children(recursive=True) if title in " ".join(p.cmdline())]
+            found = [(p, cmd) for p, cmd in child_commands(proc.pid) if title in cmd]
             if found:
-                assert len(found) == 1, [p.cmdline() for p in found]
-                found[0].send_signal(signal.SIGKILL)
+                assert len(found) == 1, [cmd for _, cmd in found]
+                found[0][0].send_signal(signal.SIGKILL)
                 return
         time.sleep(0.05)
     raise AssertionError(f"no process titled {title!r} within {timeout_s:.0f} s")

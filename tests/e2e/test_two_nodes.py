@@ -4,14 +4,12 @@ error), a trained update must reach the remote engine (log-probs agree < 1e-3), 
 of the processes the test started."""
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, child_commands
 
 
 def ray_processes() -> set[int]:
-    import psutil
-    me = psutil.Process()
-    return {p.pid for p in me.children(recursive=True)
-            if any(k in " ".join(p.cmdline()) for k in ("raylet", "gcs_server", "default_worker", "ray::"))}
+    return {p.pid for p, cmd in child_commands()
+            if any(k in cmd for k in ("raylet", "gcs_server", "default_worker", "ray::"))}
 
 
 @pytest.mark.slow
