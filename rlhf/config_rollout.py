@@ -16,9 +16,14 @@ def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
         return
     from rollout.env import load_environment
     try:
-        load_environment(e.name)
+        cls = load_environment(e.name)
     except UserError as err:  # its message begins "env.name = ...: "
         bad("env.name", e.name, str(err).split(": ", 1)[-1])
+    else:  # one instance now, so a wrong env.kwargs stops the run here rather than failing every trajectory
+        try:
+            cls(**e.kwargs)
+        except Exception as err:
+            bad("env.kwargs", dict(e.kwargs), f"{e.name} cannot be built with them: {type(err).__name__}: {err}")
     for key in ("max_turns", "timeout_s", "num_workers"):
         positive(f"env.{key}", getattr(e, key))
     choice("env.observation_role", e.observation_role, ("user", "tool"))

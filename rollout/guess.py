@@ -13,16 +13,28 @@ import re
 from rollout.env import Environment, StepResult
 
 
+OPENING = "guess 1 to {high}"
+
+
 def opening(high: int) -> str:
-    return f"guess 1 to {high}"
+    return OPENING.format(high=high)
 
 
 class GuessNumber(Environment):
-    """Rows carry `secret` and `high` (the data task `guess` makes them). Reward 1 for finding the secret."""
+    """Rows carry `secret` and `high` (the data task `guess` makes them). Reward 1 for finding the secret.
+    `prompt` (env.kwargs): the opening message, `{high}` filled in. The tiny kit's SFT demonstrations open with the
+    terse default; a pretrained instruct model needs to be told the game in a sentence."""
+
+    def __init__(self, prompt: str = OPENING):
+        try:
+            prompt.format(high=1)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"prompt {prompt!r} must be text with at most the placeholder {{high}} ({e!r})") from None
+        self.prompt = prompt
 
     def reset(self, row: dict) -> str:
         self.secret, self.low, self.high = int(row["secret"]), 1, int(row["high"])
-        return opening(self.high)
+        return self.prompt.format(high=self.high)
 
     def step(self, action: str) -> StepResult:
         found = re.search(r"\d+", action)
