@@ -17,8 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # roughly longest first, so neither worker is left alone with a long file at the end, and the short files fill the
 # gaps. test_stages goes first: its fixture trains the shared SFT run (one core) that most e2e files wait for, while
 # the other worker runs the engine tests, which do not need it.
-LONGEST_FIRST = ["e2e/test_stages.py",
-                 "e2e/test_real_model.py",  # the real model: its conversion and a 2-step GRPO
+LONGEST_FIRST = ["e2e/test_real_model.py",  # the real model: its conversion, a 2-step GRPO, a 2-step LoRA game
+                 "e2e/test_stages.py",
                  "rollout/test_vllm_engine.py",
                  "e2e/test_real_workloads.py",
                  "e2e/test_resume.py",

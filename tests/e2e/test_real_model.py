@@ -70,3 +70,61 @@ def test_grpo_on_smollm2_syncs_weights_the_engine_agrees_with(smollm2_dir, tmp_p
             safe_open(str(out / "final" / "model.safetensors"), "pt") as b:
         name = "model.layers.0.mlp.down_proj.weight"
         assert (a.get_tensor(name) - b.get_tensor(name)).abs().max() > 0  # trained weights were saved
+
+
+def _conversation(completion: str, opening: str, secret: int, high: int) -> list[dict]:
+    """The chat a multi-turn ChatML trajectory holds: the opening, then each model turn and the user turn the
+    environment answered it with, replayed through a fresh GuessNumber (so each observation is checked too)."""
+    from rollout.guess import GuessNumber
+
+    user, assistant = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"
+    env = GuessNumber(opening)
+    messages = [{"role": "user", "content": env.reset({"secret": secret, "high": high})}]
+    observation = None
+    for i, turn in enumerate(completion.split(user)):
+        said, _, answer = turn.partition(assistant) if i else ("", "", turn)
+        if i:
+            assert said == observation, (said, observation)
+            messages.append({"role": "user", "content": said})
+        messages.append({"role": "assistant", "content": answer})
+        observation = env.step(answer.removesuffix("<|im_end|>")).observation
+    return messages
+
+
+@pytest.mark.slow
+def test_lora_adapter_sync_and_guessing_game_on_smollm2(smollm2_dir, tmp_path):
+    """The LoRA recipe's adapter sync and the multi-turn guessing game, both on the real model in one short run:
+    trajectories are the checkpoint's own chat rendering of the game (default system prompt included), the engine
+    samples with the synced adapter, and the KL reference is the base with the adapter disabled."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "run"
+    opening = OmegaConf.load(os.path.join(ROOT, "examples/smollm2_guess_grpo.yaml")).env.kwargs.prompt
+    # fp32 (trainer and engine agree to ~1e-5), a high rate: an engine still on the old adapter would show at step 2.
+    lora = OmegaConf.load(os.path.join(ROOT, "examples/smollm2_math_grpo_lora.yaml")).model.lora
+    res = run_cli("--config", "examples/smollm2_guess_grpo.yaml", f"output_dir={out}", "model.dtype=float32",
+                  f"model.lora.rank={lora.rank}", f"model.lora.alpha={lora.alpha}",
+                  f"model.lora.target_modules=[{','.join(lora.target_modules)}]", "rollout.lora_sync=adapter",
+                  "algorithm.kl_coef=0.05", "trainer.lr=2e-3", "trainer.max_steps=2", "rollout.prompts_per_step=4",
+                  "rollout.n_samples=4", "trainer.batch_size=16", "trainer.micro_batch_size=8",
+                  "rollout.max_new_tokens=8", "env.max_turns=3", "data.num_eval=4", "eval.every=0",
+                  "eval.max_new_tokens=8", "logging.rollouts_every=1", "logging.rollouts_per_step=8",
+                  "checkpoint.every=0", "placement.mode=hybrid", timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(out))
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows[1:]), [r["rollout/logprob_diff"] for r in rows]
+    # Step 1 samples with a zero adapter, so policy and reference are the same function; step 2 with the trained one.
+    assert rows[1]["rollout/kl"] < 1e-5 and rows[2]["rollout/kl"] > 1e-4, [r["rollout/kl"] for r in rows[1:]]
+    assert os.path.isfile(out / "final_adapter" / "adapter_model.safetensors")
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    dumps = [json.loads(line) for line in open(out / "rollouts.jsonl")]
+    assert max(d["turns"] for d in dumps) >= 2
+    for d in dumps:
+        messages = _conversation(d["completion"], opening, int(d["answer"]), 10)
+        assert len(messages) == 2 * d["turns"]
+        last = messages[-1]["content"]
+        rendered = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False) + last
+        assert rendered == d["prompt"] + d["completion"]
+        assert d["prompt"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
