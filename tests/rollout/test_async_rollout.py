@@ -40,14 +40,20 @@ def engines(ray_local, tiny_model_dir):
     group.shutdown()
 
 
-def test_a_sync_interrupts_generations_which_continue_under_the_new_weights(engines, tiny_model_dir):
+def _old_and_perturbed(model_dir: str):
+    """The checkpoint twice: as it is, and with every weight moved (the weights a sync sends)."""
     from transformers import AutoModelForCausalLM
 
-    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    old = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+    return old, new
+
+
+def test_a_sync_interrupts_generations_which_continue_under_the_new_weights(engines, tiny_model_dir):
+    old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"ids": [1 + i, 7, 9 + i]} for i in range(8)]
     pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=0), lambda ids: ([rows[i]["ids"] for i in ids], ()),
                             SAMPLING, max_staleness=1, chunk_tokens=2, last_step=3)
@@ -126,18 +132,12 @@ def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engin
 
 
 def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engines, tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
     from common.options import EnvConfig
     from rollout.render import PromptRenderer
     from rollout.trajectory import TrajectoryRunner
     from tests.envs.toy import Echo
 
-    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"word": w} for w in ("red", "green", "blue", "black")]
     runner = TrajectoryRunner(engines, PromptRenderer.from_pretrained(tiny_model_dir), Echo, EnvConfig(max_turns=3),
                               max_model_len=128)
