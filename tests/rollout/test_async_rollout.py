@@ -175,10 +175,14 @@ def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engi
     later = json.loads(json.dumps(pipeline.snapshot["async"]))  # as a checkpoint's driver.json holds it
     second = pipeline.take(2).samples(2)
     pipeline.close()
+    _check_resumes(start, saved, first, later, second)
 
-    # A checkpoint keeps each queued step's rows, and the trajectories of a step whose every trajectory has ended;
-    # not those in flight (an environment's state is the user's object, not saved): resumed, they are played again
-    # from the first turn, so every row is still trained once.
+
+def _check_resumes(start, saved: dict, first, later: dict, second: list) -> None:
+    """A checkpoint keeps each queued step's rows, and the trajectories of a step whose every trajectory has ended;
+    not those in flight (an environment's state is the user's object, not saved): resumed, they are played again
+    from the first turn, so every row is still trained once. `saved`: taken at sync 1, while step 1 was played;
+    `later`: at sync 2, with step 2 played to the end (`second`, its trajectories)."""
     assert [(b["step"], b["turns"], b["seqs"], b["whole"]) for b in saved["queue"]] == [(1, True, [], None),
                                                                                       (2, True, [], None)]
     resumed = start(saved, step=1)
