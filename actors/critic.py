@@ -10,8 +10,8 @@ from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from algorithms.ppo import value_loss
 from common.batch import Batch
-from common.dtypes import DTYPES
-from common.options import AlgorithmConfig, TrainerConfig
+from common.dtypes import weights_dtype
+from common.options import AlgorithmConfig, TrainerConfig, precision_of
 
 
 def _values(mb: Batch, out) -> torch.Tensor:
@@ -25,13 +25,15 @@ class Critic:
                  seed: int = 0, trust_remote_code: bool = False):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
+        held = weights_dtype(precision_of(tr.precision, dtype))
+
         def build():
             config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
             config.classifier_dropout = 0.0  # values computed for GAE (eval mode) and in training must agree
-            return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=DTYPES[dtype],
+            return AutoModelForTokenClassification.from_pretrained(model_path, config=config, dtype=held,
                                                                    attn_implementation=tr.attn_implementation,
                                                                    trust_remote_code=trust_remote_code)
-        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
+        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed, checkpoint=model_path)
 
     def save_checkpoint(self, path: str) -> None:
         self.ds.save_checkpoint(path, "critic")

@@ -14,8 +14,10 @@ import torch
 
 from actors.dist import init_deepspeed_distributed
 from actors.logits import keep_kwargs, takes_logits_to_keep
+from actors.precision import fresh_adam, master_state_dict, start_masters
 from common.batch import Batch, first_target, grouped_rows, length_grouped, map_grouped, split_batch
-from common.options import TrainerConfig
+from common.dtypes import autocast
+from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
 from common.prefix_sharing import additive_mask, gather_rows, group_unit, share_prefixes
 
@@ -23,6 +25,9 @@ LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-b
 
 
 def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
+    """`dtype`: model.dtype, which sets the precision where trainer.precision is null (common.options.precision_of);
+    only the 16-bit "true" precisions keep 16-bit weights with fp32 masters (bf16-mixed autocasts fp32 weights)."""
+    precision = precision_of(tr.precision, dtype)
     grad_accum = tr.batch_size // (tr.micro_batch_size * world_size)
     return {
         "train_batch_size": tr.micro_batch_size * grad_accum * world_size,
@@ -32,8 +37,8 @@ def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
         # ZeRO-3's zero.Init would replace torch.nn.functional.linear process-wide and for good, and an engine in
         # the same process (placement.mode=hybrid) would run DeepSpeed's version inside its compiled forward
         "zero_optimization": {"stage": tr.zero_stage, "memory_efficient_linear": False},
-        "bf16": {"enabled": dtype == "bfloat16", "check_grad_overflow": True},  # ZeRO skips inf/NaN grads
-        "fp16": {"enabled": dtype == "float16"},
+        "bf16": {"enabled": precision == "bf16-true", "check_grad_overflow": True},  # ZeRO skips inf/NaN grads
+        "fp16": {"enabled": precision == "fp16-true"},
         "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed's CPU Adam is a C++ build at start
         "steps_per_print": 10**9,
     }
@@ -133,15 +138,18 @@ class PackedOutput:
 
 class DSModel:
     def __init__(self, build: Callable[[], torch.nn.Module], tr: TrainerConfig, dtype: str, rank: int,
-                 world_size: int, master_addr: str, master_port: Optional[int], seed: int, per_token: bool = True):
-        """`build()` makes the model after the process group exists and the seed is set (heads init the same).
-        `per_token`: the model's output has one entry per token (a causal LM, a value head), so trainer.packing
-        applies; a sequence classifier's does not."""
+                 world_size: int, master_addr: str, master_port: Optional[int], seed: int, per_token: bool = True,
+                 checkpoint: Optional[str] = None):
+        """`build()` makes the model after the process group exists and the seed is set (heads init the same), its
+        weights in `weights_dtype(self.precision)`. `per_token`: the model's output has one entry per token (a
+        causal LM, a value head), so trainer.packing applies; a sequence classifier's does not. `checkpoint`: the
+        folder `build` loaded, whose fp32 values the fp32 masters of a 16-bit "true" precision start from."""
         import deepspeed
 
         init_deepspeed_distributed(rank, world_size, master_addr, master_port)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
+        self.precision = precision_of(tr.precision, dtype)
         self.packing = tr.packing and per_token
         self.shared_prefix = tr.shared_prefix and per_token
         config = deepspeed_config(tr, dtype, world_size)
@@ -158,6 +166,10 @@ class DSModel:
                                                config=config)
         self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
         self.device, self.offloaded = self.engine.device, False
+        fresh_adam(optimizer)
+        self.has_masters = self.precision in ("bf16-true", "fp16-true")
+        if self.has_masters and checkpoint is not None:
+            start_masters(self.engine.optimizer, self.module, checkpoint)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -181,6 +193,10 @@ class DSModel:
         layout, so every loss reads them the same way. Padded, a causal LM returns the logits from the micro-batch's
         first trained position on (actors.logits: the losses align them by their width)."""
         self.resident()
+        with autocast(self.precision, self.device):
+            return self._forward(mb)
+
+    def _forward(self, mb: Batch):
         if self.shared_prefix and "loss_mask" in mb:
             return self._shared_forward(mb)
         if not self.packing:
@@ -371,7 +387,10 @@ class DSModel:
         """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
         Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""
         self.resident()
-        state = self.engine._zero3_consolidated_16bit_state_dict() if self.cfg.zero_stage == 3 else None
+        if self.cfg.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+        else:  # a 16-bit "true" precision saves its fp32 masters: what training accumulated below 16-bit steps
+            state = master_state_dict(self.engine.optimizer, self.module) if self.has_masters else None
         if self.rank == 0:
             os.makedirs(out_dir, exist_ok=True)
             self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -19,9 +20,9 @@ from algorithms.kl import kl_estimate
 from algorithms.ppo import policy_loss
 from algorithms.sft import sft_loss
 from common.batch import Batch, scatter_rows, sequence_logprobs
-from common.dtypes import DTYPES
+from common.dtypes import DTYPES, weights_dtype
 from common.net import node_address
-from common.options import AlgorithmConfig, LoraConfig, TrainerConfig
+from common.options import AlgorithmConfig, LoraConfig, TrainerConfig, precision_of
 from rollout.sync import WeightSender, drain
 from rollout.sync.buckets import TensorSpec, spec_of
 
@@ -58,14 +59,16 @@ class PolicyTrainer:
         from transformers import AutoModelForCausalLM
 
         self.lora = lora if lora is not None and lora.rank > 0 else None
+        held = weights_dtype(precision_of(tr.precision, dtype))
 
         def build():
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=held,
                                                          attn_implementation=tr.attn_implementation,
                                                          trust_remote_code=trust_remote_code)
             return add_lora(model, self.lora) if self.lora else model
-        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed)
+        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed, checkpoint=model_path)
         self.rank, self.cfg, self.temperature = rank, tr, logprob_temperature
+        self.export_dtype = DTYPES[dtype]  # the engines' (model.dtype), whatever the trainer's weights are in
 
     @property
     def model(self) -> torch.nn.Module:
@@ -116,7 +119,8 @@ class PolicyTrainer:
                                   clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                                   rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
                                   agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len,
-                                  surrogate=algo.policy_loss, tis_mask=algo.tis_bounds())
+                                  surrogate=algo.policy_loss, tis_mask=algo.tis_bounds(),
+                                  tis_level=algo.rollout_correction)
             m.update(_rollout_checks(old, mb, algo))
             if algo.kl_coef > 0 and not algo.kl_in_reward:
                 kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
@@ -225,7 +229,8 @@ class PolicyTrainer:
     def weight_specs(self) -> list[TensorSpec]:
         """Name, full shape and dtype of every exported parameter, in export order. Tied weights are listed under
         each of their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite."""
-        return [spec_of(n, p, getattr(p, "ds_shape", None)) for n, p, _ in self._export_params()]
+        return [replace(spec_of(n, p, getattr(p, "ds_shape", None)), dtype=str(self.export_dtype))
+                for n, p, _ in self._export_params()]
 
     def _export_params(self) -> Iterator[tuple[str, torch.nn.Parameter, Optional[torch.nn.Module]]]:
         """(checkpoint name, parameter, LoRA layer whose delta must be added or None). With LoRA, adapter weights
@@ -250,9 +255,10 @@ class PolicyTrainer:
                                                      for m in d.values()]
             with self._gathered([p] + factors), torch.no_grad():
                 if lora_layer is not None:
-                    yield name, p.data + lora_layer.get_delta_weight(lora_layer.active_adapters[0])
+                    full = p.data + lora_layer.get_delta_weight(lora_layer.active_adapters[0])
                 else:
-                    yield name, p.data.detach().clone() if self.cfg.zero_stage == 3 else p.data.detach()
+                    full = p.data.detach().clone() if self.cfg.zero_stage == 3 else p.data.detach()
+                yield name, full.to(self.export_dtype)  # bf16-mixed, fp32 trainers: cast to the engines' dtype
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""

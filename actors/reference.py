@@ -1,22 +1,28 @@
 """`ReferenceModel`: a frozen copy of the initial policy that scores sequences (for the KL penalty and DPO)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from actors.dist import releases_gpu_cache
 from actors.logits import keep_kwargs, shifted_logprobs, takes_logits_to_keep
 from common.batch import Batch, map_grouped
-from common.dtypes import DTYPES
+from common.dtypes import autocast, weights_dtype
+from common.options import precision_of
 
 
 class ReferenceModel:
     def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
-                 trust_remote_code: bool = False, logprob_temperature: float = 1.0):
-        """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs)."""
+                 trust_remote_code: bool = False, logprob_temperature: float = 1.0, precision: Optional[str] = None):
+        """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs).
+        `precision`: the policy's trainer.precision, so the reference computes what the policy's first forward does
+        (a bf16-mixed policy's reference is fp32 under autocast too); null = by `dtype`."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype],
+        self.precision = precision_of(precision, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=weights_dtype(self.precision),
                                                           trust_remote_code=trust_remote_code).to(self.device)
         self.model.eval().requires_grad_(False)
         self.micro_batch_size, self.temperature = micro_batch_size, logprob_temperature
@@ -29,8 +35,9 @@ class ReferenceModel:
         only from each micro-batch's first trained position: actors.logits)."""
         def run(mb: Batch) -> torch.Tensor:
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                **keep_kwargs(mb, self.trims_logits)).logits
+            with autocast(self.precision, self.device):
+                logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                    **keep_kwargs(mb, self.trims_logits)).logits
             return shifted_logprobs(mb, logits, self.temperature).cpu()
         keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
         return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run)

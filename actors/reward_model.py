@@ -10,18 +10,18 @@ from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from algorithms.reward import bradley_terry_loss
 from common.batch import Batch, map_grouped
-from common.dtypes import DTYPES
-from common.options import TrainerConfig
+from common.dtypes import DTYPES, weights_dtype
+from common.options import TrainerConfig, precision_of
 
 
-def _load(model_path: str, dtype: str, trust_remote_code: bool):
+def _load(model_path: str, dtype: torch.dtype, trust_remote_code: bool):
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     config = AutoConfig.from_pretrained(model_path, num_labels=1, trust_remote_code=trust_remote_code)
     if config.pad_token_id is None:  # needed to find each row's last real token
         tok = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return AutoModelForSequenceClassification.from_pretrained(model_path, config=config, dtype=DTYPES[dtype],
+    return AutoModelForSequenceClassification.from_pretrained(model_path, config=config, dtype=dtype,
                                                               trust_remote_code=trust_remote_code)
 
 
@@ -32,12 +32,14 @@ class RewardModel:
         """With `tr` the model trains in a DeepSpeed engine; without it, it only scores (frozen, no optimizer)."""
         self.ds = None
         if tr is not None:
-            self.ds = DSModel(lambda: _load(model_path, dtype, trust_remote_code), tr, dtype, rank, world_size,
-                              master_addr, master_port, seed, per_token=False)  # one score a row: never packed
+            held = weights_dtype(precision_of(tr.precision, dtype))
+            self.ds = DSModel(lambda: _load(model_path, held, trust_remote_code), tr, dtype, rank, world_size,
+                              master_addr, master_port, seed, per_token=False,  # one score a row: never packed
+                              checkpoint=model_path)
             self.model = self.ds.module
         else:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            self.model = _load(model_path, dtype, trust_remote_code).eval().requires_grad_(False).to(device)
+            self.model = _load(model_path, DTYPES[dtype], trust_remote_code).eval().requires_grad_(False).to(device)
 
     @releases_gpu_cache
     @torch.no_grad()

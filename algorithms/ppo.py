@@ -15,7 +15,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
                 rollout_logprobs: Optional[torch.Tensor] = None, tis_cap: Optional[float] = None,
                 agg: str = "token-mean", normalizer: Optional[float] = None,
                 max_len: Optional[int] = None, surrogate: str = "clip",
-                tis_mask: Optional[tuple[float, float]] = None) -> tuple[torch.Tensor, dict]:
+                tis_mask: Optional[tuple[float, float]] = None, tis_level: str = "token") -> tuple[torch.Tensor, dict]:
     """The policy loss, all inputs (B, T), mask bool: `surrogate` names the per-token loss in
     algorithms.policy_losses.POLICY_LOSSES (clip = PPO's clipped ratio, Schulman et al. 2017, with DAPO's asymmetric
     "clip-higher" range, Yu et al. 2025; gspo, gspo_token, cispo).
@@ -24,7 +24,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     rollout_logprobs + tis_cap weight each token by min(pi_old / pi_rollout, tis_cap), the truncated importance
     sampling fix for the vLLM-vs-trainer mismatch (Yao et al. 2025) and for samples from older weights
     (asynchronous RL); `tis_mask` = (low, high) zeroes the tokens whose pi_old / pi_rollout falls outside [low, high]
-    (IcePop; without tis_cap the others keep the plain ratio as weight). `normalizer`, `max_len`: see aggregate_loss.
+    (IcePop; without tis_cap the others keep the plain ratio as weight); `tis_level` = "sequence" caps and masks one
+    weight per sequence instead (see behaviour_weight). `normalizer`, `max_len`: see aggregate_loss.
     Returns (loss, metrics with the clipped fraction, approximate KL to pi_old and mean token ratio, and the shares
     of tokens capped and masked by the importance weight).
     """
@@ -37,7 +38,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, -advantages * dual_clip), loss_mat)
     metrics = {}
     if rollout_logprobs is not None and (tis_cap is not None or tis_mask is not None):
-        weight, metrics = behaviour_weight(old_logprobs, rollout_logprobs, mask, tis_cap, tis_mask)
+        weight, metrics = behaviour_weight(old_logprobs, rollout_logprobs, mask, tis_cap, tis_mask, tis_level)
         loss_mat = loss_mat * weight
     loss = aggregate_loss(loss_mat, mask, agg, normalizer=normalizer, max_len=max_len)
     log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).detach()
@@ -50,10 +51,19 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
 
 
 def behaviour_weight(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
-                     cap: Optional[float], bounds: Optional[tuple[float, float]]) -> tuple[torch.Tensor, dict]:
-    """(B, T) detached importance weight of each token for pi_old over the policy that sampled it: the ratio
-    capped at `cap`, and zero where the ratio is outside `bounds`; with the shares of tokens capped and masked."""
-    ratio = torch.exp((old_logprobs - rollout_logprobs).clamp(max=LOG_RATIO_CLAMP)).detach()
+                     cap: Optional[float], bounds: Optional[tuple[float, float]],
+                     level: str = "token") -> tuple[torch.Tensor, dict]:
+    """(B, T) detached importance weight for pi_old over the policy that sampled it: the ratio capped at `cap`, and
+    zero where the ratio is outside `bounds`; with the shares of tokens capped and masked. `level` "token": each
+    token's own ratio; "sequence": one ratio per row, the product over its masked tokens
+    exp(sum_t (old - rollout)), given to every token of the row (sequence-level importance sampling, as verl's
+    rollout correction and GSPO weigh whole responses)."""
+    log_ratio = (old_logprobs - rollout_logprobs).detach()
+    if level == "sequence":
+        log_ratio = (log_ratio * mask).sum(-1, keepdim=True).expand_as(log_ratio)
+    elif level != "token":
+        raise ValueError(f"unknown importance-weight level {level!r}; valid: token, sequence")
+    ratio = torch.exp(log_ratio.clamp(max=LOG_RATIO_CLAMP))
     weight = ratio if cap is None else ratio.clamp(max=cap)
     metrics = {"policy/tis_capped_frac": masked_mean((ratio > cap).float(), mask) if cap is not None
                else torch.zeros(())}

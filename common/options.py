@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
+# bf16-true: bf16 weights train (fp32 master copies in the optimizer, started from the checkpoint's own values);
+# bf16-mixed: fp32 weights, matmuls under bf16 autocast (norms, embeddings, the residual stream and gradients
+# stay fp32, as TRL and accelerate train); fp32: no reduced precision; fp16-true: as bf16-true in float16
+PRECISIONS = ("bf16-true", "bf16-mixed", "fp32", "fp16-true")
+_BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16-true", "float16": "fp16-true"}
+
+
+def precision_of(precision: Optional[str], dtype: str) -> str:
+    """trainer.precision, or the one model.dtype implies when it is null."""
+    return precision if precision is not None else _BY_DTYPE[dtype]
+
+
 @dataclass
 class LoraConfig:
     """PEFT LoRA on the policy; rank 0 = full fine-tuning. The reference model is then the policy with its
@@ -42,6 +54,10 @@ class TrainerConfig:
     # once, under a 4D attention mask (common.prefix_sharing); the same loss and gradient. sdpa or eager attention
     shared_prefix: bool = False
     attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null: HF
+    # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
+    # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
+    # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is
+    precision: Optional[str] = None
 
 
 @dataclass
@@ -63,6 +79,9 @@ class AlgorithmConfig:
     # the loss; null = off (0.5 and 5.0 under rollout.max_staleness > 0)
     tis_mask_low: Optional[float] = None
     tis_mask_high: Optional[float] = None  # the mask's upper bound (see tis_mask_low)
+    # what tis_cap (truncate) and tis_mask_* (mask) weigh: token (each token's pi_old / pi_rollout) | sequence (one
+    # weight per response, the product of its tokens' ratios); the engine-trainer mismatch correction's level
+    rollout_correction: str = "token"
     # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
     # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
     policy_loss: str = "clip"

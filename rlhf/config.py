@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from common.errors import UserError
-from common.options import AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
+from common.options import PRECISIONS, AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
 from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
@@ -35,10 +35,11 @@ ARCHS = ("qwen2", "llama")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # the keys whose value is one of a fixed set: validate() checks them, --help-config lists them
 CHOICES = {"stage": STAGES, "model.dtype": DTYPES, "model.tiny.arch": ARCHS, "algorithm.name": ALGORITHMS,
-           "algorithm.kl_estimator": KL_ESTIMATORS, "algorithm.loss_agg": LOSS_AGG, "rollout.engine": ENGINES,
-           "rollout.lora_sync": LORA_SYNC, "rollout.sync_channel": SYNC_CHANNELS, "placement.mode": PLACEMENT_MODES,
-           "trainer.zero_stage": (0, 1, 2, 3), "algorithm.dpo_loss": ("sigmoid", "ipo", "hinge"),
-           "env.observation_role": ("user", "tool"), "algorithm.policy_loss": POLICY_LOSSES}
+           "trainer.precision": PRECISIONS, "algorithm.kl_estimator": KL_ESTIMATORS, "algorithm.loss_agg": LOSS_AGG,
+           "rollout.engine": ENGINES, "rollout.lora_sync": LORA_SYNC, "rollout.sync_channel": SYNC_CHANNELS,
+           "placement.mode": PLACEMENT_MODES, "trainer.zero_stage": (0, 1, 2, 3),
+           "algorithm.dpo_loss": ("sigmoid", "ipo", "hinge"), "env.observation_role": ("user", "tool"),
+           "algorithm.policy_loss": POLICY_LOSSES, "algorithm.rollout_correction": ("token", "sequence")}
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
 LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
@@ -283,6 +284,8 @@ def _validate_trainer(cfg: RunConfig, bad, choice, positive) -> None:
     if tr.shared_prefix and (tr.packing or cfg.stage == "rm" or tr.attn_implementation not in (None, "sdpa", "eager")):
         bad("trainer.shared_prefix", True, "needs trainer.packing: false, a per-token model (not the rm stage) and "
             "sdpa or eager attention (its 4D mask); set it to false or change those")
+    if tr.precision is not None:
+        choice("trainer.precision", tr.precision, PRECISIONS)
     if tr.attn_implementation is not None and "/" not in tr.attn_implementation:  # a/b: a kernel from the Hub
         choice("trainer.attn_implementation", tr.attn_implementation, ATTN_IMPLEMENTATIONS)
     if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):

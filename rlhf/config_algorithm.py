@@ -14,6 +14,7 @@ POLICY_LOSSES = ("clip", "gspo", "gspo_token", "cispo")
 def validate_objective(cfg: RunConfig, bad, choice) -> None:
     a, r = cfg.algorithm, cfg.rollout
     choice("algorithm.policy_loss", a.policy_loss, POLICY_LOSSES)
+    choice("algorithm.rollout_correction", a.rollout_correction, ("token", "sequence"))
     if a.kl_coef < 0:
         bad("algorithm.kl_coef", a.kl_coef, "must be >= 0 (0 disables the KL penalty and the reference model)")
     if a.loss_norm_len is not None and a.loss_norm_len <= 0:

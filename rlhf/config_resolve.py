@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from common.options import precision_of
 from rlhf.config import RunConfig, logprob_diff_warn
 
 
@@ -29,7 +30,8 @@ def resolved(cfg: RunConfig) -> RunConfig:
                             tis_mask_high=a.tis_mask_high or ASYNC_TIS_MASK[1])
     placement = replace(pl, reference_ranks=reference_ranks(pl.reference_ranks, pl.mode, pl.num_gpus,
                                                             cfg.trainer.world_size))
-    out = replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement)
+    trainer = replace(cfg.trainer, precision=precision_of(cfg.trainer.precision, cfg.model.dtype))
+    out = replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement, trainer=trainer)
     ranks = role_ranks(out, cfg.stage == "rl" and estimator(a.name).needs_critic) if cfg.stage == "rl" else {
         "policy": 1}
     threads = cpu_threads(pl.cpu_threads, busy_at_once(out, ranks))

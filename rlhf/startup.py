@@ -157,7 +157,7 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
                              ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
                     if "reward" in ranks else None)
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
-                          logprob_temperature=logprob_temperature(cfg), **common)
+                          logprob_temperature=logprob_temperature(cfg), precision=cfg.trainer.precision, **common)
                  if "reference" in ranks else None)
     # (teacher.path was checked against the student by the controller, before Ray started: teacher_model)
     teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path,

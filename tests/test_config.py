@@ -111,6 +111,7 @@ def test_default_config_is_valid():
     (["--config", "examples/sort_sft.yaml", "trainer.lrr=1"], "did you mean 'trainer.lr'"),
     (["--config", "examples/sort_sft.yaml", "trainer.batch_size=abc"], "trainer.batch_size = 'abc'"),
     (["--config", "examples/sort_sft.yaml", "trainer.zero_stage=7"], "trainer.zero_stage = 7"),
+    (["--config", "examples/sort_sft.yaml", "trainer.precision=bf16"], "must be one of bf16-true, bf16-mixed"),
 ])
 def test_cli_bad_input_exits_2_without_traceback(args, needle):
     res = run_cli(*args, timeout=120)
@@ -189,7 +190,7 @@ def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch)
     from rlhf.config_resolve import resolved
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     keys = ("algorithm.loss_norm_len", "rollout.logprob_diff_warn", "rollout.seed_per_prompt", "rollout.multiprocess",
-            "placement.reference_ranks", "placement.cpu_threads")
+            "placement.reference_ranks", "placement.cpu_threads", "trainer.precision")
 
     def value(cfg, key):
         section, name = key.split(".")
@@ -198,9 +199,11 @@ def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch)
     assert all(value(cpu, k) is None for k in keys)
     got = {k: value(resolved(cpu), k) for k in keys}
     assert got == {"algorithm.loss_norm_len": 24, "rollout.logprob_diff_warn": 5e-2, "rollout.seed_per_prompt": True,
-                   "rollout.multiprocess": False, "placement.reference_ranks": 1, "placement.cpu_threads": 3}
+                   "rollout.multiprocess": False, "placement.reference_ranks": 1, "placement.cpu_threads": 3,
+                   "trainer.precision": "bf16-true"}
     gpu = resolved(load_config(None, ["stage=rl", "placement.num_gpus=2", "trainer.world_size=2",
                                       "rollout.num_engines=2", "algorithm.kl_coef=0.1", "rollout.engine=hf"]))
     assert (gpu.rollout.seed_per_prompt, gpu.rollout.multiprocess, gpu.placement.reference_ranks) == (False, True, 2)
     kept = resolved(load_config(None, ["stage=rl", "rollout.seed_per_prompt=false", "algorithm.loss_norm_len=7"]))
     assert kept.rollout.seed_per_prompt is False and kept.algorithm.loss_norm_len == 7  # set values stay
+    assert kept.trainer.precision == "fp32"  # model.dtype float32

@@ -59,6 +59,21 @@ def test_icepop_mask_drops_tokens_whose_ratio_is_out_of_bounds():
     assert plain.item() == pytest.approx(-(2.0 + 1.0) / 4)  # IcePop alone: the in-bounds ratio as the weight
 
 
+def test_sequence_level_correction_weighs_each_response_by_its_whole_ratio():
+    # row 0: token ratios 2 and 1.5 (product 3); row 1: 0.5, then a padding token (ratio 8) that must not count
+    old = torch.tensor([[LOG(0.5), LOG(0.3)], [LOG(0.25), LOG(0.4)]])
+    rollout = torch.tensor([[LOG(0.25), LOG(0.2)], [LOG(0.5), LOG(0.05)]])
+    adv, mask = torch.ones(2, 2), torch.tensor([[True, True], [True, False]])
+    capped, m = policy_loss(old, old, adv, mask, rollout_logprobs=rollout, tis_cap=2.0, tis_level="sequence")
+    assert capped.item() == pytest.approx(-(2.0 + 2.0 + 0.5) / 3)  # row 0 capped at 2 on both tokens
+    assert m["policy/tis_capped_frac"].item() == pytest.approx(2 / 3)
+    masked, m = policy_loss(old, old, adv, mask, rollout_logprobs=rollout, tis_mask=(0.6, 5.0), tis_level="sequence")
+    assert masked.item() == pytest.approx(-(3.0 + 3.0 + 0.0) / 3)  # row 1's 0.5 is out of bounds: dropped whole
+    assert m["policy/tis_masked_frac"].item() == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="token, sequence"):
+        policy_loss(old, old, adv, mask, rollout_logprobs=rollout, tis_cap=2.0, tis_level="tokens")
+
+
 def test_policy_loss_respects_mask_and_gradient_sign():
     logp = torch.zeros(1, 3, requires_grad=True)
     mask = torch.tensor([[True, True, False]])
