@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import time
 from typing import Optional
 
 MARKER = "COMPLETE"
@@ -17,15 +18,21 @@ def root(output_dir: str) -> str:
     return os.path.join(output_dir, "checkpoints")
 
 
-def latest(output_dir: str) -> Optional[str]:
-    """The newest complete checkpoint folder, or None. Incomplete ones (no marker) are ignored."""
+def complete(output_dir: str) -> list[str]:
+    """Complete checkpoint folders (marker present), newest first. Incomplete ones are ignored."""
     found = []
     if os.path.isdir(root(output_dir)):
         for name in os.listdir(root(output_dir)):
             m = re.fullmatch(r"step_(\d+)", name)
             if m and os.path.isfile(os.path.join(root(output_dir), name, MARKER)):
                 found.append((int(m.group(1)), os.path.join(root(output_dir), name)))
-    return max(found)[1] if found else None
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def latest(output_dir: str) -> Optional[str]:
+    """The newest complete checkpoint folder, or None."""
+    found = complete(output_dir)
+    return found[0] if found else None
 
 
 def begin(output_dir: str, step: int) -> str:
@@ -36,23 +43,77 @@ def begin(output_dir: str, step: int) -> str:
     return tmp
 
 
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _durable_manifest(folder: str) -> dict[str, int]:
+    """Every file under `folder` flushed to disk (then each directory), and their sizes by relative path: a machine
+    crash after the marker can no longer leave empty or short files behind a "complete" checkpoint."""
+    sizes = {}
+    for d, _, names in os.walk(folder, topdown=False):
+        for name in names:
+            path = os.path.join(d, name)
+            _fsync(path)
+            sizes[os.path.relpath(path, folder)] = os.path.getsize(path)
+        _fsync(d)
+    return sizes
+
+
 def commit(tmp: str, output_dir: str, step: int, driver_state: dict, keep_last: int) -> str:
-    """Write the driver state and the marker, rename into place, then delete all but the newest `keep_last`."""
+    """Flush the workers' files, write the driver state (with their sizes) and the marker, each durably, rename
+    into place, then delete older steps of this run beyond the newest `keep_last` (never a later step: a folder
+    holding one belongs to another run, and resume_point refuses or moves those aside before anything is written)."""
+    state = {**driver_state, "files": _durable_manifest(tmp)}
     with open(os.path.join(tmp, "driver.json"), "w", encoding="utf-8") as f:
-        json.dump(driver_state, f)
-    open(os.path.join(tmp, MARKER), "w").close()
+        json.dump(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(os.path.join(tmp, MARKER), "w") as f:
+        os.fsync(f.fileno())
+    _fsync(tmp)
     final = os.path.join(root(output_dir), f"step_{step:06d}")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    complete = sorted(n for n in os.listdir(root(output_dir)) if re.fullmatch(r"step_\d+", n))
-    for name in complete[:-keep_last]:
-        shutil.rmtree(os.path.join(root(output_dir), name), ignore_errors=True)
+    _fsync(root(output_dir))
+    older = [p for p in complete(output_dir) if int(os.path.basename(p)[5:]) <= step]
+    for path in older[keep_last:]:
+        shutil.rmtree(path, ignore_errors=True)
     return final
 
 
 def load_driver_state(path: str) -> dict:
-    with open(os.path.join(path, "driver.json"), encoding="utf-8") as f:
-        return json.load(f)
+    """driver.json, checked against the file sizes it records (checkpoints written before it recorded them: as
+    they are). Raises ValueError naming what is missing or cut."""
+    try:
+        with open(os.path.join(path, "driver.json"), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}/driver.json cannot be read ({e})") from None
+    for rel, size in state.get("files", {}).items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full) or os.path.getsize(full) != size:
+            have = os.path.getsize(full) if os.path.isfile(full) else "missing"
+            raise ValueError(f"{full} is {have} bytes, the checkpoint wrote {size}")
+    return state
+
+
+def set_aside(output_dir: str) -> Optional[str]:
+    """checkpoint.resume=false in a used folder: the earlier run's checkpoints, metrics and final model move into
+    `<output_dir>/previous-<time>/` (nothing is deleted). Returns that folder, or None when there was nothing."""
+    names = [n for n in ("checkpoints", "metrics.jsonl", "trained_rows.jsonl", "final", "final_adapter")
+             if os.path.exists(os.path.join(output_dir, n))]
+    if not names or names == ["checkpoints"] and not os.listdir(root(output_dir)):
+        return None
+    dest = os.path.join(output_dir, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(dest)
+    for n in names:
+        os.replace(os.path.join(output_dir, n), os.path.join(dest, n))
+    return dest
 
 
 def truncate_metrics(output_dir: str, last_step: int, name: str = "metrics.jsonl") -> None:

@@ -5,6 +5,7 @@ and its state (`Stage`): the RL controller is one, `TrainerStage` wraps the in-p
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Callable, Optional, Protocol
 
@@ -13,6 +14,7 @@ from rlhf import checkpoint
 from rlhf.config import RunConfig, to_yaml
 from rlhf.data import BatchIterator
 from rlhf.metrics import MetricsLogger, read_metrics
+from rlhf.run_identity import check_same_run, identity
 
 
 class Checkpointable(Protocol):
@@ -95,11 +97,29 @@ class Stage(Protocol):
 
 
 def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
-    """The newest complete checkpoint and its driver state, or (None, None); metrics.jsonl and trained_rows.jsonl are
-    cut to match: the steps after the checkpoint are redone and logged once, and a run killed before its first
-    checkpoint starts over with new files. Call it before anything appends to the run folder."""
-    folder = checkpoint.latest(cfg.output_dir) if cfg.checkpoint.resume else None
-    state = checkpoint.load_driver_state(folder) if folder else None
+    """The newest complete checkpoint that reads back whole, and its driver state, or (None, None); one that does
+    not (a crash cut its files) is named and the one before it taken. A checkpoint of another run (its recorded
+    identity differs: rlhf.run_identity) stops the run with exit 2. With checkpoint.resume=false an earlier run's
+    files are moved aside (checkpoint.set_aside). metrics.jsonl and trained_rows.jsonl are cut to match: the steps
+    after the checkpoint are redone and logged once, and a run killed before its first checkpoint starts over with
+    new files. Call it before anything appends to the run folder."""
+    folder, state = None, None
+    if not cfg.checkpoint.resume:
+        moved = checkpoint.set_aside(cfg.output_dir)
+        if moved:
+            print(f"checkpoint.resume=false: the earlier run's checkpoints and metrics are now in {moved}",
+                  file=sys.stderr)
+    for path in checkpoint.complete(cfg.output_dir):
+        try:
+            state = checkpoint.load_driver_state(path)
+        except ValueError as e:
+            print(f"warning: checkpoint {path} cannot be restored ({e}); taking the one before it", file=sys.stderr)
+            continue
+        if "run" in state:  # (checkpoints of earlier versions carry none)
+            check_same_run(path, state["run"], identity(cfg), cfg.output_dir)
+        folder = path
+        break
+    state = state if folder else None
     for name in ("metrics.jsonl", "trained_rows.jsonl"):
         checkpoint.truncate_metrics(cfg.output_dir, state["step"] if state else -1, name)
     return folder, state
@@ -119,7 +139,7 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     steps and at the end, log every step, stop after too many bad steps, checkpoint every `checkpoint.every` steps
     and at the end, save. Returns (first evaluation, last metrics row); prints `<name> done: <headline> before ->
     after`."""
-    start, guard = 0, BadStepGuard(cfg.trainer.max_bad_steps)
+    start, guard, run_id = 0, BadStepGuard(cfg.trainer.max_bad_steps), identity(cfg)
     evaluating = cfg.eval.every >= 0  # -1: never (a run timed against a trainer that does not evaluate)
     if resume_from is not None:
         stage.restore(resume_from, state)
@@ -144,7 +164,8 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
             with logger.phase(f"saving checkpoint {step}"):
                 stage.save(tmp)
             resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
-                "step": step, **stage.driver_state(), "guard": guard.state()}, cfg.checkpoint.keep_last)
+                "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
+                cfg.checkpoint.keep_last)
     out = os.path.join(cfg.output_dir, "final")
     with logger.phase("saving the final model"):
         stage.save_final(out)

@@ -34,7 +34,9 @@ def _stage_runner(stage: str):
 def run(cfg: RunConfig):
     """The stage, with the machine-dependent defaults resolved (rlhf.config_resolve): what it saves is what ran."""
     from rlhf.config_resolve import resolved
-    return _stage_runner(cfg.stage)(resolved(cfg))
+    from rlhf.run_identity import run_lock
+    with run_lock(cfg.output_dir):  # one run per folder
+        return _stage_runner(cfg.stage)(resolved(cfg))
 
 
 def main(argv: list[str] | None = None) -> int:
