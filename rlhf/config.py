@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from common.errors import UserError
 from common.options import PRECISIONS, AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
-from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides
+from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides, to_object
 from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
 from rlhf.config_rollout import validate_async, validate_env, validate_sync
@@ -205,7 +205,7 @@ def load_config(path: Optional[str], overrides: list[str] = ()) -> RunConfig:
     if path is not None:
         merged = merge(merged, load_yaml(path, RunConfig), RunConfig, source=path, lines=key_lines(path))
     merged = merge(merged, parse_overrides(overrides), RunConfig, source="command-line override", lines={})
-    cfg = OmegaConf.to_object(merged)
+    cfg = to_object(merged, path)
     problems = validate(cfg)
     if problems:
         where = f" in {path}" if path else ""

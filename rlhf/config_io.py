@@ -23,6 +23,18 @@ REPLACED = {"rollout.overlap": "set rollout.max_staleness: 1 instead (the engine
                                "docs/async.md)"}
 
 
+def to_object(merged: DictConfig, path: str | None):
+    """The merged config as its dataclass, interpolations resolved; one that names nothing (`${nosuch}`) or a
+    resolver that fails (`${oc.env:UNSET}`) is a UserError naming the key."""
+    try:
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "a value"
+        where = f" in {path}" if path else ""
+        raise UserError(f"{key}{where}: {str(e).splitlines()[0]}. An ${{...}} interpolation must name another key "
+                        f"(e.g. ${{output_dir}}) or a resolver (${{rlhf_cache:}}, ${{oc.env:VAR}})") from None
+
+
 def load_yaml(path: str, schema: type) -> DictConfig:
     if not os.path.isfile(path):
         raise UserError(f"config file not found: {path} (pass an existing YAML file to --config, e.g. "

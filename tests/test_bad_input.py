@@ -20,6 +20,7 @@ CONFIGS = [
     ("section-is-scalar", "trainer: 5\n", [], ":1: trainer must be a section"),
     ("nested-section-is-list", "model:\n  tiny: [1, 2]\n", [], "model.tiny must be a section"),
     ("unknown-top-key", "traner:\n  lr: 1\n", [], "unknown key 'traner'; did you mean 'trainer'"),
+    ("interpolation-typo", "output_dir: ${nosuch}\n", [], "output_dir in "),
     ("unknown-nested-key", "trainer:\n  lrr: 1\n", [], "unknown key 'trainer.lrr'; did you mean 'trainer.lr'"),
     ("wrong-type-int", "trainer:\n  batch_size: many\n", [], "trainer.batch_size = 'many'"),
     ("wrong-type-float", "trainer:\n  lr: fast\n", [], "trainer.lr = 'fast'"),
