@@ -10,11 +10,26 @@ from common.batch import Batch, split_batch
 
 class WorkerDied(RuntimeError):
     """A worker did not answer: `role` names it; `died` is True when its process is gone (Ray restarts an actor made
-    with `max_restarts`), False when it raised or timed out."""
+    with `max_restarts`), `raised` when its method raised (the message then holds the exception and where it was
+    raised: a rerun would fail the same way); neither: it timed out."""
 
-    def __init__(self, message: str, role: str = "", died: bool = False):
+    def __init__(self, message: str, role: str = "", died: bool = False, raised: bool = False):
         super().__init__(message)
-        self.role, self.died = role, died
+        self.role, self.died, self.raised = role, died, raised
+
+
+def task_error_cause(error: Exception) -> str:
+    """'ValueError: the message (at file.py:123 in fn)' for a Ray task error: the worker's own exception and the
+    innermost frame of its traceback, not Ray's `ray::Class.method() (pid=...)` header."""
+    import re
+
+    cause = getattr(error, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if cause is not None else str(error).strip().splitlines()[-1]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', str(error))
+    if frames:
+        path, line, fn = frames[-1]
+        text += f" (at {path}:{line} in {fn})"
+    return text
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,8 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
         except RayActorError as e:
             raise WorkerDied(f"{role_of[ready[0]]} died: {e}", role_of[ready[0]], died=True) from None
         except RayTaskError as e:
-            raise WorkerDied(f"{role_of[ready[0]]} failed: {e}", role_of[ready[0]]) from None
+            raise WorkerDied(f"{role_of[ready[0]]} raised {task_error_cause(e)}", role_of[ready[0]],
+                             raised=True) from None
     return ray.get(list(refs))
 
 

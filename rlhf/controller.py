@@ -391,10 +391,12 @@ class RLController:
 def run_rl(cfg: RunConfig) -> dict[str, float]:
     from common.remote import WorkerDied
 
-    controller = RLController(cfg)
+    controller = None
     try:
+        controller = RLController(cfg)  # inside: a worker failing at start-up is reported as one failing later
         return controller.fit()
     except WorkerDied as e:
         raise TrainingStopped(worker_died(e, checkpoint.latest(cfg.output_dir))) from None
     finally:
-        controller.close()
+        if controller is not None:
+            controller.close()

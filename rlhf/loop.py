@@ -215,10 +215,15 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
 
 
 def worker_died(error: Exception, last_checkpoint) -> str:
-    """One paragraph for a worker that died mid-run: which one, the likely cause, and how to go on."""
+    """One paragraph for a worker that failed mid-run: which one, the cause, and how to go on. "Rerun" is advised
+    for a death or a timeout only: a worker that raised would raise again."""
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     where = f"The last checkpoint, {last_checkpoint}, is intact" if last_checkpoint else \
         "No checkpoint was written yet"
+    if getattr(error, "raised", False):
+        after = f"{where}; once fixed, a rerun resumes from it." if last_checkpoint else f"{where}."
+        return (f"{str(error).rstrip('. ')}. The worker raised this error itself (it did not crash), so rerunning "
+                f"the same command would stop the same way: fix its cause first. {after}")
     return (f"{first.rstrip(':. ')}. A Ray worker process ended while the run needed it: most often it ran out of "
             f"memory (see `dmesg` or the Ray logs), or it was killed. {where}; rerun the same command to resume "
             "from it.")
