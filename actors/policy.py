@@ -284,7 +284,10 @@ class PolicyTrainer:
         return self._sender.fingerprints
 
     def sender_opened(self) -> None:
-        self._sender.opened()
+        """The engines have mapped the staging files (or set-up failed somewhere): their names can go. Also called
+        on a rank whose open_sender failed, which has nothing to remove."""
+        if getattr(self, "_sender", None) is not None:
+            self._sender.opened()
 
     @releases_gpu_cache
     def send_weights(self) -> int:

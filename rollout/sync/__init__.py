@@ -11,7 +11,7 @@ placement: each trainer rank hands its tensors to the engine in its own process,
 from __future__ import annotations
 
 from common.errors import UserError
-from common.remote import ray_get
+from common.remote import WorkerDied, ray_get
 from rollout.sync.buckets import TensorSpec, plan_to_plain
 from rollout.sync.check import verify_sync
 from rollout.sync.ends import WeightReceiver, WeightSender, drain
@@ -84,15 +84,22 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
         return channel
     src = [feeding_rank(i, world) for i in range(len(group.engines))]
     handles: dict[int, list[bytes]] = {}
-    for h in ray_get([t.open_sender.remote("ipc", host, port, plan, engines=[i for i, s in enumerate(src) if s == r],
-                                           verify=verify) for r, t in enumerate(trainers)], timeout_s, roles):
-        handles.update(h)
-    try:
+    done = False
+    try:  # every rank's staging files are unlinked however set-up ends, a rank's own failure included
+        for h in ray_get([t.open_sender.remote("ipc", host, port, plan, verify=verify,
+                                               engines=[i for i, s in enumerate(src) if s == r])
+                          for r, t in enumerate(trainers)], timeout_s, roles):
+            handles.update(h)
         ray_get([e.open_receiver.remote(dict(channel="ipc", host=host, port=port, plan=plain, src=src[i], engine=i,
                                              handles=handles[i], verify=verify)) for i, e in enumerate(group.engines)],
                 timeout_s, group.roles)
+        done = True
     finally:
-        ray_get([t.sender_opened.remote() for t in trainers], timeout_s, roles)
+        try:
+            ray_get([t.sender_opened.remote() for t in trainers], timeout_s, roles)
+        except WorkerDied:
+            if done:  # else the set-up's own error is the one to report
+                raise
     return channel
 
 

@@ -19,6 +19,8 @@ import torch
 
 from rollout.sync.buckets import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, unpack_bucket
 
+SHM_DIR = "/dev/shm"
+
 
 def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[str]]:
     """A uint8 buffer other processes on this host can map, and (CPU) the /dev/shm file behind it. On a CPU host the
@@ -26,9 +28,21 @@ def allocate_shared(nbytes: int, device=None) -> tuple[torch.Tensor, Optional[st
     cannot leave it behind (the memory lives until the last mapping goes)."""
     if device is not None and torch.device(device).type == "cuda":
         return torch.empty(nbytes, dtype=torch.uint8, device=device), None
-    path = f"/dev/shm/rlhf-sync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    with open(path, "wb") as f:
-        f.truncate(nbytes)
+    path = f"{SHM_DIR}/rlhf-sync-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    # ours alone (0600 whatever the umask: the synced weights are not for other users to read or change), and a
+    # new file (O_EXCL), its pages reserved now: a full /dev/shm fails here, by name, not as a SIGBUS at first write
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        os.unlink(path)
+        free = os.statvfs(SHM_DIR)
+        raise RuntimeError(f"weight sync (ipc): cannot reserve {nbytes / 2**20:.1f} MiB in {SHM_DIR} ({e.strerror}; "
+                           f"{free.f_bavail * free.f_frsize >> 20} MiB free). Give the container more shared memory "
+                           f"(docker run --shm-size=2g), lower rollout.sync_bucket_mb (two buckets per trainer rank "
+                           f"live there), or set rollout.sync_channel=broadcast") from None
+    finally:
+        os.close(fd)
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), path
 
 
@@ -92,7 +106,15 @@ class IpcSender:
     def __init__(self, store, src: int, engines: list[int], plan: list[list[TensorSpec]], device=None):
         self.store, self.src, self.engines, self.sync = store, src, engines, 0
         size = max(bucket_nbytes(b) for b in plan)
-        self.buffers, self.paths = zip(*(allocate_shared(size, device) for _ in range(2)))
+        made: list = []
+        try:
+            for _ in range(2):
+                made.append(allocate_shared(size, device))
+        except Exception:
+            for _, path in made:  # the first buffer's file, when the second cannot be had
+                unlink_file(path)
+            raise
+        self.buffers, self.paths = zip(*made)
 
     def handles(self) -> dict[int, list[bytes]]:
         """Per engine, the handles of both buffers (one `share` per opener)."""
