@@ -24,7 +24,7 @@ from common.errors import TrainingStopped
 from common.remote import Shipped
 from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
-from rlhf.data import BatchIterator, make_renderer, prompt_rows
+from rlhf.data import BatchIterator, checked_renderer, prompt_rows
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point, worker_died
 from rlhf.async_rollout import staleness_metrics
@@ -62,7 +62,7 @@ class RLController:
         self.resume_from, self.resume_state = resume_point(cfg)  # before anything appends to the run folder
         self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, self.resume_state["step"] if self.resume_state else -1)
         with ThreadPoolExecutor(1) as pool, clock("start_ray_tokenizer"):  # the tokenizer loads as Ray starts
-            renderer = pool.submit(make_renderer, cfg, self.model_path)
+            renderer = pool.submit(checked_renderer, cfg, self.model_path, self.prompts.rows, self.eval_rows)
             init_ray()
             self.renderer = renderer.result()  # a bad tokenizer fails here, before any worker starts
         self._start_workers()

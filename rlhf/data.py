@@ -237,3 +237,21 @@ def make_renderer(cfg, model_path: str) -> PromptRenderer:
     """The prompt renderer of a run: the checkpoint's tokenizer and generation_config, `data.apply_chat_template`."""
     return PromptRenderer.from_pretrained(model_path, chat=cfg.data.apply_chat_template,
                                           trust_remote_code=cfg.model.trust_remote_code)
+
+
+def checked_renderer(cfg, model_path: str, train: list[dict], held_out: list[dict]) -> PromptRenderer:
+    """make_renderer, and every prompt of the train and eval rows checked to fit the engines' context: a
+    prompt of rollout.max_model_len tokens or more is refused by the engine on every rerun, so it stops the run
+    here, named (no row has a prompt under a multi-turn environment: nothing to check)."""
+    renderer = make_renderer(cfg, model_path)
+    limit = cfg.rollout.max_model_len
+    for split, rows in (("train", train), ("eval", held_out)):
+        for i, row in enumerate(rows):
+            if "prompt" in row and len(ids := renderer.prompt_ids(row["prompt"])) >= limit:
+                where = getattr(cfg.data, f"{split}_path", None) or f"data.task={cfg.data.task}"
+                raise UserError(f"{where}, {split} row {i + 1}: its prompt is {len(ids)} tokens once rendered, and "
+                                f"the engines hold rollout.max_model_len = {limit} tokens for prompt and completion "
+                                f"together. Raise rollout.max_model_len (to at least {len(ids)} + "
+                                f"rollout.max_new_tokens = {len(ids) + cfg.rollout.max_new_tokens}), or shorten or "
+                                f"drop that row")
+    return renderer
