@@ -6,17 +6,22 @@ sampled ids are trained on and each has the engine's log-prob. A turn cut by `ma
 the environment (its observation then opens with the turn-closing token the model did not write). Trajectories
 advance independently: whenever some are ready for their next turn they go to the engines as one call, while the
 environments of those whose turn just ended step on worker threads. No turn-synchronous barrier: a slow environment
-delays only its own trajectory (`barrier=True` runs turn by turn instead, for the benchmark). Limits: `env.max_turns`; the context (a trajectory
-whose next turn would not fit `max_model_len` ends, finish_reason "length"); `env.timeout_s` per reset or step (a
-hung or raising environment ends its trajectory with reward 0 and is counted, never the run).
+delays only its own trajectory (`barrier=True` runs turn by turn instead, for the benchmark). Limits:
+`env.max_turns`; the context (a trajectory whose next turn would not fit `max_model_len` ends, finish_reason
+"length"); `env.timeout_s` per reset or step (a hung or raising environment ends its trajectory with reward 0 and
+is counted, the first failure of a call printed with its traceback; a call on which every trajectory failed, or
+more hung calls still running than `MAX_HUNG_PER_WORKER` x `env.num_workers`, stops the run naming the
+environment).
 
 Which trajectories share an engine call depends on timing, so multi-turn rollouts sample with the engines' own RNG
 (not per-prompt seeds) and are not bit-reproducible.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -24,6 +29,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from common.errors import UserError
 from common.options import EnvConfig
 from rollout.engine import EnvOutcome, Sample, SamplingConfig
 from rollout.render import PromptRenderer
@@ -61,10 +67,12 @@ class EnvCalls:
     (its thread left behind: Python cannot stop it, and as a daemon it cannot keep the process from exiting) and
     frees its slot, so hung environments never stall the others."""
 
-    def __init__(self, limit: int, timeout_s: float):
+    def __init__(self, limit: int, timeout_s: float, abandoned: Optional[list] = None):
         self.limit, self.timeout_s = limit, timeout_s
         self.queued: deque = deque()
         self.running: dict[Future, tuple[object, float]] = {}  # future -> (trajectory, start time)
+        self.threads: dict[Future, threading.Thread] = {}
+        self.abandoned = abandoned if abandoned is not None else []  # threads of calls given up on
 
     def submit(self, key, fn: Callable, *args) -> None:
         self.queued.append((key, fn, args))
@@ -75,7 +83,8 @@ class EnvCalls:
             key, fn, args = self.queued.popleft()
             fut: Future = Future()
             self.running[fut] = (key, time.monotonic())
-            threading.Thread(target=_run_into, args=(fut, fn, args), daemon=True).start()
+            self.threads[fut] = threading.Thread(target=_run_into, args=(fut, fn, args), daemon=True)
+            self.threads[fut].start()
 
     def wait_timeout(self) -> Optional[float]:
         """Seconds until the first running call's deadline."""
@@ -88,11 +97,14 @@ class EnvCalls:
         now, out = time.monotonic(), []
         for fut in [f for f in self.running if f in done]:
             key, started = self.running.pop(fut)
+            del self.threads[fut]
             out.append((key, fut, now - started))
         for fut, (key, started) in list(self.running.items()):
             if now - started > self.timeout_s:
                 del self.running[fut]
+                self.abandoned.append(self.threads.pop(fut))
                 out.append((key, None, now - started))
+        self.abandoned[:] = [t for t in self.abandoned if t.is_alive()]
         self._start()
         return out
 
@@ -104,6 +116,9 @@ def _run_into(fut: Future, fn: Callable, args: tuple) -> None:
         fut.set_exception(e)
 
 
+MAX_HUNG_PER_WORKER = 4  # timed-out environment calls still running, per env.num_workers, before the run stops
+
+
 class TrajectoryRunner:
     """`run(rows, sampling)`: `sampling.n` trajectories per row through `group` (a RolloutGroup: submit/collect;
     or one passed to `run`), returned in row order as Samples, like single-turn generation."""
@@ -113,6 +128,7 @@ class TrajectoryRunner:
         self.group, self.renderer, self.env_cls, self.cfg = group, renderer, env_cls, cfg
         self.max_model_len, self.barrier, self.max_calls = max_model_len, barrier, max_calls_in_flight
         self.chat = bool(renderer.tokenizer.chat_template)
+        self.hung: list[threading.Thread] = []  # timed-out calls whose threads still run, over every run
 
     def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
         group = group or self.group
@@ -120,7 +136,7 @@ class TrajectoryRunner:
         stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.chat else [""])
         one = replace(sampling, n=1, seed=None, stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids,
                                                                                      *stops])))
-        envs, ready = EnvCalls(self.cfg.num_workers, self.cfg.timeout_s), []
+        envs, ready, errors = EnvCalls(self.cfg.num_workers, self.cfg.timeout_s, self.hung), [], []
         generating: dict[Future, list[Trajectory]] = {}
         with ThreadPoolExecutor(self.max_calls, thread_name_prefix="generate") as calls:
             for t in trajs:
@@ -139,9 +155,28 @@ class TrajectoryRunner:
                         envs.submit(t, t.env.step, self.renderer.decode(t.last_turn))
                 for t, fut, seconds in envs.finished(done):
                     t.env_time += seconds
-                    if self._after_env(t, fut, sampling.max_new_tokens):
+                    if self._after_env(t, fut, sampling.max_new_tokens, errors):
                         ready.append(t)
+                self._check_hung()
+        self._report(trajs, errors)
         return [t.sample() for t in trajs]
+
+    def _report(self, trajs: list[Trajectory], errors: list[str]) -> None:
+        """A warning with the first failure's traceback when some trajectories failed; UserError when all did."""
+        failed, name = sum(t.error for t in trajs), getattr(self.env_cls, "__name__", str(self.env_cls))
+        if failed == len(trajs) and trajs:
+            raise UserError(f"every trajectory ({failed}) failed in the environment {name} (env.name = "
+                            f"{self.cfg.name}); training on them would learn nothing. The first failure:\n{errors[0]}")
+        if failed:
+            print(f"warning: {failed} of {len(trajs)} trajectories failed in the environment {name} and score 0 "
+                  f"(rollout/env_errors); the first failure:\n{errors[0]}", file=sys.stderr)
+
+    def _check_hung(self) -> None:
+        """Python cannot stop a hung environment call's thread; past a bound they are a leak, not a slow step."""
+        if len(self.hung) > MAX_HUNG_PER_WORKER * self.cfg.num_workers:
+            raise UserError(f"{len(self.hung)} calls of the environment {self.cfg.name} are still running after "
+                            f"env.timeout_s = {self.cfg.timeout_s} s and cannot be stopped; fix what hangs in its "
+                            "reset/step (or raise env.timeout_s if it is only slow)")
 
     def _reset(self, t: Trajectory, row: dict) -> str:
         t.env = self.env_cls(**self.cfg.kwargs)
@@ -158,12 +193,15 @@ class TrajectoryRunner:
             t.turns += 1
             t.finish_reason, t.last_turn = s.finish_reason, list(s.completion_ids)
 
-    def _after_env(self, t: Trajectory, fut: Optional[Future], max_new_tokens: int) -> bool:
+    def _after_env(self, t: Trajectory, fut: Optional[Future], max_new_tokens: int, errors: list[str]) -> bool:
         """An environment answered its reset or step (`fut`; None: it timed out): True when the trajectory goes
-        on to another turn, with the observation appended."""
+        on to another turn, with the observation appended. A failure is described into `errors`."""
         error = fut is None or fut.exception() is not None
         if error:  # hung or raised: this trajectory ends with reward 0, the run goes on
             t.error, t.reward = True, 0.0
+            call = "step" if t.turns else "reset"
+            errors.append(f"{call} did not return within env.timeout_s = {self.cfg.timeout_s} s" if fut is None
+                          else "".join(traceback.format_exception(fut.exception())).rstrip())
             if not t.ids:  # in reset: a one-token row that trains nothing keeps the batch whole
                 t.ids, t.prompt_len = [self.renderer.pad_id], 1
             return False

@@ -7,7 +7,7 @@ from rollout.env import Environment, StepResult, call_tool
 class Echo(Environment):
     """Three turns: each observation names the turn; the reward is 0.25 per turn plus 0.25 for a turn that calls
     the `double` tool. Rows with `hang` sleep in their second step, rows with `explode` raise there, rows that are
-    `broken` raise in reset."""
+    `broken` raise in reset, rows that are `stuck` sleep there."""
 
     def __init__(self, sleep_s: float = 0.0):
         self.sleep_s, self.turn = sleep_s, 0
@@ -15,6 +15,8 @@ class Echo(Environment):
     def reset(self, row: dict) -> str:
         if row.get("broken"):
             raise ValueError("this row cannot start a game")
+        if row.get("stuck"):
+            time.sleep(3600)
         self.row = row
         return f"say {row['word']}"
 

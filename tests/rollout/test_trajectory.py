@@ -45,7 +45,7 @@ def test_guess_number_answers_with_the_open_range():
 
 
 @pytest.mark.slow
-def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_envs(ray_local, tiny_model_dir):
+def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_envs(ray_local, tiny_model_dir, capsys):
     from transformers import AutoModelForCausalLM
 
     from rollout.group import RolloutGroup
@@ -60,6 +60,8 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
     try:
         samples = runner.run(rows, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
         _check(samples, rows, renderer, cfg)
+        said = capsys.readouterr().err  # the failures are said, with the first one's traceback
+        assert "warning: 6 of 10 trajectories failed in the environment Echo" in said and "Traceback" in said
         # The context limit: a trajectory whose next turn would not fit max_model_len ends there, as "length".
         limit = len(samples[0].prompt_ids) + 14
         short = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=limit)
@@ -109,3 +111,24 @@ def _check_turns(s, renderer, turns: int) -> None:
             obs = renderer.turn_ids(f"turn {turn + 1} done", closed=sampled[-1] == renderer.close_id)
             assert ids[i:i + len(obs)] == obs and not any(mask[i:i + len(obs)])
             i += len(obs)
+
+
+def test_a_step_on_which_every_environment_failed_stops_the_run_with_the_first_traceback(tiny_model_dir):
+    """No engine is reached: every reset raises, so the step has nothing to train and says why."""
+    from rollout.trajectory import TrajectoryRunner
+    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=5.0, num_workers=2)
+    runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
+    with pytest.raises(UserError) as e:
+        runner.run([{"word": "a", "broken": True}] * 3, SamplingConfig(max_new_tokens=4, n=2))
+    text = str(e.value)
+    assert "every trajectory (6) failed in the environment Echo (env.name = tests.envs.toy:Echo)" in text
+    assert "ValueError: this row cannot start a game" in text and "toy.py" in text and "in reset" in text
+
+
+def test_environment_calls_that_hang_past_their_bound_stop_the_run(tiny_model_dir):
+    from rollout.trajectory import MAX_HUNG_PER_WORKER, TrajectoryRunner
+    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=0.2, num_workers=1)
+    runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
+    with pytest.raises(UserError, match=rf"{MAX_HUNG_PER_WORKER + 1} calls of the environment tests.envs.toy:Echo "
+                                        r"are still running after env.timeout_s = 0.2 s"):
+        runner.run([{"word": "a", "stuck": True}] * 8, SamplingConfig(max_new_tokens=4, n=1))
