@@ -47,12 +47,15 @@ def ship(batch: Batch, parts: int) -> Shipped:
     return Shipped(batch, [ray.put(shard) for shard in split_batch(batch, parts)])
 
 
+CPU_PER_ACTOR = 0.5  # Ray CPUs an actor asks for unless its options say otherwise (CPU-only runs)
+
+
 def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
     """Start `cls(*args, **kwargs)` as a Ray actor. Thread env is pinned: one torch thread per actor. An actor that
     asks for no GPU sees none (a CPU-only run on a GPU host stays on the CPU)."""
     import ray
 
-    opts = {"num_cpus": 0.5, "max_concurrency": 1, **(options or {})}
+    opts = {"num_cpus": CPU_PER_ACTOR, "max_concurrency": 1, **(options or {})}
     env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **opts.pop("env_vars", {})}
     if not opts.get("num_gpus"):  # Ray leaves CUDA_VISIBLE_DEVICES alone for zero-GPU actors: they would see all
         env.setdefault("CUDA_VISIBLE_DEVICES", "")

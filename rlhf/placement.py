@@ -51,6 +51,20 @@ def cpu_threads(requested: Optional[int], busy_at_once: int, cores: Optional[int
     return max(1, cores // max(1, busy_at_once))
 
 
+def check_cpu_capacity(ranks: dict[str, int]) -> None:
+    """A CPU-only run's actors must all fit the cluster's CPUs at once (each asks CPU_PER_ACTOR); otherwise some
+    would wait unscheduled until a deadline, then be blamed for a hang. Raises UserError naming the demand."""
+    import ray
+
+    from common.remote import CPU_PER_ACTOR
+    need, have = CPU_PER_ACTOR * sum(ranks.values()), ray.cluster_resources().get("CPU", 0.0)
+    if need > have:
+        roles = ", ".join(f"{n} {role}" for role, n in ranks.items())
+        raise UserError(f"placement: this run starts {sum(ranks.values())} actors ({roles}), {CPU_PER_ACTOR:g} CPU "
+                        f"each in Ray = {need:g}, and the cluster has {have:g}; they could never all run. Lower "
+                        "trainer.world_size or rollout.num_engines, or give Ray more CPUs (ray start --num-cpus)")
+
+
 class Placement:
     """Ray options for every rank of every role, backed by one placement group (or none on CPU-only runs)."""
 
@@ -60,6 +74,7 @@ class Placement:
         env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
         self.options: dict[str, list[dict]] = {role: [dict(env) for _ in range(n)] for role, n in ranks.items()}
         if num_gpus == 0:
+            check_cpu_capacity(ranks)
             return
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

@@ -130,3 +130,17 @@ def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch)
     assert Placement("colocate", 0, {"policy": 1})
     assert Placement("colocate", 0, {"policy": 1, "rollout": 1}, threads=2).options["rollout"][0]["env_vars"] == \
         {"OMP_NUM_THREADS": "2"}
+
+
+def test_a_cpu_run_whose_actors_cannot_all_be_placed_exits_2_at_once(tmp_path, tiny_model_dir):
+    """8 trainer ranks and 2 engines ask 5 of the session Ray's 4 CPUs: refused before any actor starts, instead of
+    the last ones pending until a deadline blames a collective."""
+    import time
+
+    from tests.conftest import run_cli
+    start = time.monotonic()
+    res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
+                  "trainer.world_size=8", "trainer.micro_batch_size=4", "rollout.num_engines=2", timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "starts 10 actors (8 policy, 2 rollout), 0.5 CPU each in Ray = 5, and the cluster has 4" in res.stderr
+    assert time.monotonic() - start < 120
