@@ -2,6 +2,7 @@
 across engines and results come back in input order; a dead engine is restarted (weight syncs: rollout.sync)."""
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
@@ -26,6 +27,7 @@ class Submitted:
 BASE_TIMEOUT_S = 600.0  # any engine call: a wake-up, a sync, a generation's fixed part
 S_PER_TOKEN = 0.05  # a generation's deadline grows by this per token one engine may have to produce in it
 TIMEOUT_HINT = "if it was still working, raise rollout.timeout_s"
+SHUTDOWN_TIMEOUT_S = 30.0  # an engine's clean shutdown; past it the engine is killed
 
 
 class RolloutGroup:
@@ -170,11 +172,15 @@ class RolloutGroup:
         return i
 
     def shutdown(self) -> None:
-        """Stop each engine's core cleanly, then the actors (no restart: `ray.kill` is final)."""
+        """Stop each engine's core cleanly, then the actors (no restart: `ray.kill` is final). An engine that does
+        not answer within SHUTDOWN_TIMEOUT_S (one call at a time: a hung generate holds its shutdown back) is killed
+        as it is, rather than waited for a whole rollout.timeout_s more."""
         import ray
         self.on_restart = None
         try:
-            self._each(lambda e: e.shutdown.remote())
+            ray_get([e.shutdown.remote() for e in self.engines], SHUTDOWN_TIMEOUT_S, self.roles)
+        except WorkerDied as e:
+            print(f"note: {e}; killing it", file=sys.stderr)
         finally:
             for e in self.engines:
                 ray.kill(e)

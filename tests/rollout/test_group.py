@@ -1,5 +1,5 @@
-"""RolloutGroup's restart accounting with a real Ray actor that dies (`kill -9`). The engine is a small class, not
-vLLM: what is under test is the group's bookkeeping when two generations are in flight on a dead engine."""
+"""RolloutGroup's restart accounting with a real Ray actor that dies (`kill -9`), and its shutdown of an engine hung
+in a call. The engine is a small class, not vLLM: what is under test is the group's bookkeeping."""
 import os
 import signal
 import time
@@ -36,3 +36,39 @@ def test_a_death_seen_by_two_generations_in_flight_restarts_once(ray_local):
     os.kill(pid, signal.SIGKILL)  # a later death is a new one
     assert [s.completion_ids for s in group.collect(third)] == [[9], [10]]
     assert group.restarts == 2 and pushed == [1, 1]
+
+
+class HungEngine:
+    """A generation that never returns: the engine (one call at a time) cannot take its shutdown call."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompts, sampling):
+        time.sleep(3600)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_shutdown_kills_an_engine_hung_in_a_call_instead_of_waiting_its_deadline(ray_local, monkeypatch, capsys):
+    from rollout import group as group_module
+    from rollout.group import RolloutGroup
+
+    monkeypatch.setattr(group_module, "SHUTDOWN_TIMEOUT_S", 2.0)
+    group = RolloutGroup.create(1, {}, engine_cls=HungEngine, max_restarts=0, timeout_s=1000)
+    pid = ray_local.get(group.engines[0].pid.remote())
+    group.submit([[1]], SamplingConfig())  # hangs
+    start = time.monotonic()
+    group.shutdown()
+    assert time.monotonic() - start < 30 and group.engines == []
+    assert "did not answer within 2 s" in capsys.readouterr().err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break  # the hung process is gone
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"engine process {pid} still alive after its shutdown")
