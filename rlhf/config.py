@@ -149,6 +149,7 @@ class RolloutConfig:
 class RewardConfig:
     fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
     model_path: Optional[str] = None  # stage rl: score rollouts with this reward model (an `rm` stage's final/)
+    timeout_s: float = 600.0  # seconds one call of reward.fn (a step's completions) may take before the run stops
 
 
 @dataclass

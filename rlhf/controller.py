@@ -1,8 +1,7 @@
 """The on-policy RL loop (stage: rl): generate -> score -> reference/old log-probs -> advantages -> update -> sync.
 
 `RLController.step()` reads top to bottom, one timed phase per block. Workers are Ray actors; the advantage math
-runs here on the driver (algorithms/).
-"""
+runs here on the driver (algorithms/)."""
 from __future__ import annotations
 
 import math
@@ -46,7 +45,8 @@ class RLController:
         multi_turn = cfg.env.name is not None
         clock = PhaseTimer()  # where start-up goes: logged with step 0, printed below
         with clock("start_inputs"):  # inputs first: bad data fails fast
-            self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+            self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task,
+                                                                       cfg.reward.timeout_s)
             self.per_round = math.ceil(r.prompts_per_step * a.oversample)  # prompts a rollout round generates
             self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
                                          self.per_round, cfg.seed)

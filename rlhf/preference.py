@@ -42,7 +42,8 @@ def run_dpo(cfg: RunConfig) -> dict[str, float]:
     from rollout.hf_engine import HFEngine
 
     train, held_out = preference_rows(cfg.data, "train", cfg.seed), preference_rows(cfg.data, "eval", cfg.seed)
-    eval_rows, reward_fn = prompt_rows(cfg.data, "eval", cfg.seed), resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+    eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
+    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task, cfg.reward.timeout_s)
     model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
     renderer = make_renderer(cfg, model_path)
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,

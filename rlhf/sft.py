@@ -33,7 +33,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     from rollout.hf_engine import HFEngine
 
     # Inputs first: a bad data file or reward function fails in seconds, before any model is built or loaded.
-    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task, cfg.reward.timeout_s)
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_answer=True), cfg.trainer.batch_size,
                             cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)

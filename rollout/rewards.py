@@ -5,8 +5,10 @@ dataset's extra columns (e.g. `answer`) as lists aligned with the prompts.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Callable, Sequence
+import threading
+from typing import Callable, Optional, Sequence
 
 from common.errors import UserError, shadowed_import
 
@@ -109,16 +111,45 @@ def load_reward_fn(spec: str) -> RewardFn:
     return fn
 
 
-def resolve_reward_fn(spec: str | None, task: str | None) -> RewardFn:
-    """`reward.fn`: a built-in reward's name (sort, add, math), or `package.module:function`; unset = the task's."""
+def resolve_reward_fn(spec: str | None, task: str | None, timeout_s: Optional[float] = None) -> RewardFn:
+    """`reward.fn`: a built-in reward's name (sort, add, math), or `package.module:function` (called under a
+    deadline of `timeout_s`, when given); unset = the task's."""
     if spec in BUILTIN:
         return BUILTIN[spec]
     if spec is not None:
-        return load_reward_fn(spec)
+        fn = load_reward_fn(spec)
+        return fn if timeout_s is None else with_deadline(fn, timeout_s)
     if task is None:
         raise UserError("reward.fn is unset and data.task is null: set reward.fn to 'package.module:function' or a "
                         f"built-in reward ({', '.join(BUILTIN)})")
     return BUILTIN[task]
+
+
+def with_deadline(fn: RewardFn, timeout_s: float) -> RewardFn:
+    """`fn` run on a daemon thread and given up after `timeout_s` (UserError naming it and reward.timeout_s). Python
+    cannot stop the thread: at most one is left behind, since the run then stops."""
+    name = getattr(fn, "__qualname__", repr(fn))
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        box: dict = {}
+
+        def run():
+            try:
+                box["out"] = fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = e
+        worker = threading.Thread(target=run, daemon=True, name=f"reward {name}")
+        worker.start()
+        worker.join(timeout_s)
+        if worker.is_alive():
+            raise UserError(f"reward function {name} did not return within reward.timeout_s = {timeout_s:g} s for "
+                            f"{len(args[1]) if len(args) > 1 else '?'} completions; fix what it waits for, or raise "
+                            "reward.timeout_s if it is only slow")
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
+    return call
 
 
 def score(fn: RewardFn, prompts: list, completions: list[str], metadata: dict[str, list]) -> list[float]:

@@ -125,6 +125,26 @@ def bad_count_reward(prompts, completions, **metadata):
     return [1.0]
 
 
+def stuck_reward(prompts, completions, **metadata):
+    import time
+    if completions[0] == "stuck":
+        time.sleep(3600)
+    if completions[0] == "boom":
+        raise KeyError("no such answer")
+    return [1.0] * len(completions)
+
+
+def test_a_user_reward_runs_under_reward_timeout_s():
+    from rollout.rewards import resolve_reward_fn, score
+    fn = resolve_reward_fn("tests.test_data:stuck_reward", None, timeout_s=0.5)
+    assert score(fn, ["p", "q"], ["fine", "ok"], {}) == [1.0, 1.0]
+    with pytest.raises(UserError, match="raised KeyError: 'no such answer'"):  # its own errors, as without one
+        score(fn, ["p"], ["boom"], {})
+    with pytest.raises(UserError, match=r"stuck_reward did not return within reward.timeout_s = 0.5 s for 1 "
+                                        r"completions.*raise reward.timeout_s"):
+        score(fn, ["p"], ["stuck"], {})
+
+
 def raising_reward(prompts, completions, **metadata):
     raise KeyError("boom")
 
