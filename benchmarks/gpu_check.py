@@ -242,6 +242,41 @@ def rule_rows(gpu: dict) -> list[dict]:
     return rows
 
 
+def reap_row(path: str) -> dict:
+    """Issue 41: a multiprocess vLLM engine killed with -9 leaves its engine core holding GPU memory; Ray restarts
+    the actor, whose start ends the orphan (rollout.reap) and must then allocate its own share."""
+    import signal
+
+    import psutil
+    import ray
+
+    from common.remote import make_actor
+    from rollout.vllm_engine import VLLMEngine
+    row = {"finding": "41: a killed engine's core reaped, the restart allocates"}
+    engine = make_actor(VLLMEngine, "rollout engine 0", {"num_gpus": 1, "max_restarts": 1, "max_task_retries": -1},
+                        path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.6, multiprocess=True)
+    try:
+        host, *cores = ray.get(engine.process_ids.remote(), timeout=300)
+        os.kill(host, signal.SIGKILL)
+        start = time.monotonic()
+        while True:
+            try:
+                again = ray.get(engine.process_ids.remote(), timeout=300)
+                break
+            except Exception:  # noqa: BLE001 - unavailable while Ray restarts it
+                if time.monotonic() - start > 300:
+                    raise
+                time.sleep(1)
+        left = [p for p in cores if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        row.update(ok=not left and again[0] != host, restart_s=round(time.monotonic() - start, 1),
+                   orphans_left=len(left))
+    except Exception as e:  # noqa: BLE001 - the row reports it; the other rows stand
+        row.update(ok=False, error=f"{type(e).__name__}: {e}"[:300])
+    finally:
+        ray.kill(engine)
+    return row
+
+
 class _Probe:
     def visible_gpus(self) -> int:
         return _visible_gpus()
@@ -278,7 +313,15 @@ def main() -> None:
     sync = ipc_row(path, args)
     hybrid = hybrid_row(path, args)
     rules = rule_rows({"num_gpus": 1} if gpus else {})
+    report(args, train, sync, hybrid, rules, gpus)
+    if gpus:  # last, after everything is written: a vLLM restart is the slowest check
+        rules.append(reap_row(path))
+        report(args, train, sync, hybrid, rules, gpus)
     ray.shutdown()
+
+
+def report(args, train: list[dict], sync: dict, hybrid: dict, rules: list[dict], gpus: int) -> None:
+    import torch
     for r in train:
         r["MFU"] = r["tflops"] / args.peak_tflops if gpus and "tflops" in r else float("nan")
     keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "cached_free_GiB",
@@ -288,7 +331,8 @@ def main() -> None:
     print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
     print_table(list(sync), [list(sync.values())])
     print_table(list(hybrid), [list(hybrid.values())])
-    print_table(["finding", "ok"], [[r["finding"], r["ok"]] for r in rules])
+    detail = [{k: v for k, v in r.items() if k not in ("finding", "ok")} or "-" for r in rules]
+    print_table(["finding", "ok", "detail"], [[r["finding"], r["ok"], d] for r, d in zip(rules, detail)])
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
         json.dump({"args": vars(args), "train": train, "sync": sync, "hybrid": hybrid, "rules": rules,
                    "device": torch.cuda.get_device_name() if gpus else "cpu"}, f, indent=1)

@@ -14,6 +14,7 @@ import torch
 
 from common.net import cache_root
 from rollout.engine import Sample, SamplingConfig
+from rollout.reap import actor_key, reap_orphans, record_children
 from rollout.render import render_prompts
 from rollout.sleep import SleepState
 
@@ -84,6 +85,8 @@ class VLLMEngine:
         # what vLLM itself creates; with the engine core in a child process this one is unfrozen again below.
         gc.collect()
         gc.freeze()
+        self.key = actor_key() if multiprocess else None  # a core left by this actor's killed predecessor: end it
+        reap_orphans(self.key)
         # CUDA graphs on a GPU (decode is launch-bound without them; the in-place reload keeps their buffers);
         # eager on CPU, which has none.
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
@@ -92,6 +95,7 @@ class VLLMEngine:
                        logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs", **kwargs)
         if multiprocess:
             gc.unfreeze()
+        record_children(self.key)
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
         self.multiprocess = multiprocess  # the engine core in a child process: tensors cross as bytes
