@@ -5,7 +5,7 @@
 # Results (table, JSON, log) land in $OUT.
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1  # Ray keeps its token authentication (its default)
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 timeout 480 python3 benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"

@@ -27,3 +27,13 @@ def test_no_layer_imports_one_above_it(layer):
     bad = {str(p.relative_to(ROOT)): sorted(imported_packages(p) & (above | THIRD_PARTY_BANNED.get(layer, set())))
            for p in (ROOT / layer).rglob("*.py")}
     assert {f: names for f, names in bad.items() if names} == {}
+
+
+def test_nothing_in_the_project_turns_rays_token_authentication_off():
+    """Ray 2.60 starts with token authentication; a script or module that sets RAY_AUTH_MODE=disabled (or
+    auth_mode off) would open the cluster to anyone who reaches its ports (docs/configuration.md, Security)."""
+    import re
+    pattern = re.compile(r"(RAY_AUTH_MODE|auth_mode)[\"'\]]*\s*[=:,]\s*[\"']?disabled")
+    files = [p for ext in ("*.py", "*.sh", "*.yaml", "Makefile") for d in (*LAYERS, "benchmarks", "examples", ".ci")
+             for p in (ROOT / d).rglob(ext)] + [ROOT / "Makefile"]
+    assert [str(p.relative_to(ROOT)) for p in files if p.is_file() and pattern.search(p.read_text())] == []
