@@ -91,9 +91,44 @@ def ensure_model(path: str | None, tiny: TinyModelConfig, output_dir: str, seed:
             raise UserError(f"model.path = {path!r}: no config.json there; point it at a local Hugging Face model "
                             "folder (e.g. the `final` folder an earlier stage wrote), or unset it to build the tiny "
                             "model")
+        check_model_folder(path, "model.path")
         return path
     out = os.path.join(output_dir, "init_model")
     if not os.path.isfile(os.path.join(out, "config.json")):
         os.makedirs(output_dir, exist_ok=True)
         save_tiny_model(tiny, out, seed)
     return out
+
+
+def check_model_folder(path: str, key: str) -> None:
+    """Before anything starts: `path`'s config.json parses, its weights are there and each safetensors file is
+    whole (its header covers the file: a copy cut short fails here), and it has a tokenizer. UserError naming `key`,
+    the file and the fix; otherwise transformers or a Ray worker would fail later with a traceback."""
+    import glob
+    import json
+
+    from common.errors import UserError
+
+    def bad(what: str) -> UserError:
+        return UserError(f"{key} = {path!r}: {what}; point it at a whole Hugging Face model folder (config.json, "
+                         "weights, tokenizer), e.g. one save_pretrained wrote")
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise bad(f"config.json is not readable JSON ({e})") from None
+    if not isinstance(config, dict) or not (config.get("model_type") or config.get("architectures")):
+        raise bad("config.json names no model_type or architectures")
+    shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not shards and not glob.glob(os.path.join(path, "pytorch_model*.bin")):
+        raise bad("it holds no weights (*.safetensors or pytorch_model*.bin)")
+    from safetensors import safe_open
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+            raise bad(f"{os.path.basename(shard)} cannot be read ({e}): a copy cut short?") from None
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.isfile(os.path.join(path, n)) for n in names):
+        raise bad(f"it has no tokenizer (none of {', '.join(names)})")

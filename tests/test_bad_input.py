@@ -192,3 +192,34 @@ def test_a_prompt_longer_than_the_engines_context_exits_2_before_any_worker_star
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"{path}, train row 41: its prompt is" in res.stderr and "rollout.max_model_len = 256" in res.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _broken_copy(src, dst, how: str):
+    import shutil
+    shutil.copytree(src, dst)
+    if how == "config-not-json":
+        (dst / "config.json").write_text('{"model_type": "qwen2",')
+    elif how == "no-weights":
+        for p in dst.glob("*.safetensors"):
+            p.unlink()
+    elif how == "truncated-weights":
+        p = next(dst.glob("*.safetensors"))
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    elif how == "no-tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"):
+            if (dst / name).exists():
+                (dst / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize("how, needle", [
+    ("config-not-json", "config.json is not readable JSON"), ("no-weights", "it holds no weights"),
+    ("truncated-weights", "model.safetensors cannot be read (Error while deserializing header"),
+    ("no-tokenizer", "it has no tokenizer")])
+def test_a_broken_model_folder_exits_2_before_any_worker_starts(tmp_path, tiny_model_dir, how, needle):
+    import pathlib
+    model = _broken_copy(pathlib.Path(tiny_model_dir), tmp_path / "model", how)
+    code, out, err = cli_in_process("--config", "examples/sort_sft.yaml", f"model.path={model}",
+                                    f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1")
+    assert code == 2, (out[-500:], err[-2000:])
+    assert f"model.path = '{model}': {needle}" in err, err[-2000:]
