@@ -78,11 +78,17 @@ def run_grpo(a, model, tok, rows: list[dict]):
     # one generation batch of prompts x samples completions, trained in `samples` micro-batches of `prompts` rows
     cfg = GRPOConfig(**common_args(a), per_device_train_batch_size=a.prompts, gradient_accumulation_steps=a.samples,
                      num_generations=a.samples, max_completion_length=a.max_new_tokens, temperature=a.temperature,
-                     top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=a.epsilon_high, num_iterations=1,
+                     top_p=1.0, top_k=0, beta=a.beta, epsilon=0.2, epsilon_high=a.epsilon_high, num_iterations=1,
                      loss_type=a.loss_type, scale_rewards="group",
                      shuffle_dataset=False)  # rows come in the order our controller draws them
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
-    return GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok)
+    peft = None
+    if a.lora_rank > 0:  # the reference is then the adapter-disabled model, as ours
+        from peft import LoraConfig
+        peft = LoraConfig(r=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0, task_type="CAUSAL_LM",
+                          target_modules=a.lora_targets.split(","))
+    return GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data, processing_class=tok,
+                       peft_config=peft)
 
 
 def run_dpo(a, model, tok, rows: list[dict]):
@@ -120,6 +126,10 @@ def main() -> None:
     p.add_argument("--loss-type", default="grpo", help="TRL's loss_type (dapo = our token-mean over the batch)")
     p.add_argument("--reward", choices=["sort", "math"], default="sort")
     p.add_argument("--bf16", action="store_true", help="TRL's bf16 mixed precision")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (our algorithm.kl_coef)")
+    p.add_argument("--lora-rank", type=int, default=0, help="a PEFT LoRA adapter of this rank; 0 = full weights")
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the cores TRL may use)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
@@ -136,7 +146,10 @@ def main() -> None:
     trainer = (run_grpo if a.algo == "grpo" else run_dpo)(a, model, tok, rows)
     trainer.add_callback(timing_callback(os.path.join(a.out, "steps.jsonl")))
     trainer.train()
-    trainer.save_model(os.path.join(a.out, "final"))
+    if a.lora_rank > 0:  # a whole model to score, as our run's final/ (merged)
+        trainer.model.merge_and_unload().save_pretrained(os.path.join(a.out, "final"))
+    else:
+        trainer.save_model(os.path.join(a.out, "final"))
     tok.save_pretrained(os.path.join(a.out, "final"))
 
 

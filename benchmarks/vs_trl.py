@@ -41,9 +41,10 @@ sys.path.insert(0, ROOT)
 from benchmarks.helpers import n_params, print_table  # noqa: E402
 from benchmarks.peak_memory import measure  # noqa: E402
 
-TRL_PINS = ["trl==1.13.0", "transformers==5.19.0", "accelerate==1.15.0", "torch==2.13.0", "datasets==5.2.0",
+TRL_PINS = ["trl==1.16.0", "transformers==5.19.0", "accelerate==1.16.0", "torch==2.13.0", "datasets==5.2.0",
             "tokenizers==0.23.3", "requests==2.34.2",  # trl imports requests without requiring it
-            "math-verify==0.9.0"]  # the math reward (vs_trl_real.py), the same pin as the project's
+            "math-verify==0.9.0",  # the math reward (vs_trl_real.py), the same pin as the project's
+            "peft==0.21.2"]  # LoRA runs (learning_ablation.py), the project's pin
 CACHE = os.path.join(ROOT, ".cache", "vs_trl")
 TRL_VENV = os.path.join(ROOT, ".cache", "trl-venv")
 # "1M" is the recipes' tiny model; "25M" is wider and deeper (generation-heavy on CPU).
@@ -163,7 +164,7 @@ def run_trl(algo: str, model: str, rows: list[dict], steps: int, threads: int = 
     step_rows = [r for r in log if "step" in r]
     step_s = [r["seconds"] for r in step_rows]
     tokens = [r.get("completions/mean_length", 0.0) * 512 for r in step_rows]
-    name = f"TRL 1.13 ({threads} thread{'s' * (threads > 1)})"
+    name = f"TRL 1.16 ({threads} thread{'s' * (threads > 1)})"
     return dict(name=name, wall=wall, peak=peak, steps=step_s, tokens=tokens, startup=wall - sum(step_s),
                 model=os.path.join(out, "final"), phases={}, evals=0.0)  # trl_side.py evaluates nothing
 

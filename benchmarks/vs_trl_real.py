@@ -63,7 +63,8 @@ def run_ours(steps: int, seed: int) -> dict:
                 lengths=[r["rollout/response_len"] for r in rows], model=os.path.join(out, "final"), phases=phases)
 
 
-def run_trl(model: str, rows: list[dict], steps: int, threads: int, seed: int) -> dict:
+def run_trl(model: str, rows: list[dict], steps: int, threads: int, seed: int, extra: tuple = ()) -> dict:
+    """TRL's GRPO with the recipe's settings; `extra`: more trl_side.py arguments (a later one wins)."""
     out = os.path.join(CACHE, f"trl-{time.strftime('%H%M%S')}")
     os.makedirs(out, exist_ok=True)
     data = os.path.join(out, "rows.jsonl")
@@ -72,23 +73,24 @@ def run_trl(model: str, rows: list[dict], steps: int, threads: int, seed: int) -
     cmd = [trl_python(), os.path.join(ROOT, "benchmarks", "trl_side.py"), "grpo", "--model", model, "--data", data,
            "--out", out, "--steps", str(steps), "--lr", "2e-5", "--prompts", str(PROMPTS), "--samples", str(SAMPLES),
            "--max-new-tokens", "64", "--temperature", "0.6", "--epsilon-high", "0.28", "--loss-type", "dapo",
-           "--reward", "math", "--bf16", "--threads", str(threads), "--seed", str(seed)]
+           "--reward", "math", "--bf16", "--threads", str(threads), "--seed", str(seed), *extra]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
                TOKENIZERS_PARALLELISM="false")
     code, peak, wall = measure(cmd, cwd=out, env=env)
     assert code == 0, f"TRL run failed (exit {code}); see {out}"
     log = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
     step_rows = [r for r in log if "step" in r]
-    return dict(name=f"TRL 1.13 ({threads} threads, transformers generate)", wall=wall, peak=peak,
+    return dict(name=f"TRL 1.16 ({threads} threads, transformers generate)", wall=wall, peak=peak,
                 steps=[r["seconds"] for r in step_rows],
                 lengths=[r.get("completions/mean_length", 0.0) for r in step_rows], model=os.path.join(out, "final"),
                 phases={})
 
 
-def score(model: str, base: str, seed: int) -> dict:
-    """Held-out accuracy of `model` (prompts rendered by `base`'s template), in a process of its own."""
+def score(model: str, base: str, seed: int, samples: int = 4) -> dict:
+    """Held-out accuracy of `model` (prompts rendered by `base`'s template), in a process of its own; pass@`samples`
+    too when `samples` > 1."""
     code = ("import json, sys; from benchmarks.vs_trl_real import _score; "
-            f"print('SCORE ' + json.dumps(_score({model!r}, {base!r}, {seed})))")
+            f"print('SCORE ' + json.dumps(_score({model!r}, {base!r}, {seed}, {samples})))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                          capture_output=True, text=True)
     lines = [line for line in out.stdout.splitlines() if line.startswith("SCORE ")]
@@ -96,7 +98,7 @@ def score(model: str, base: str, seed: int) -> dict:
     return json.loads(lines[-1][len("SCORE "):])
 
 
-def _score(model: str, base: str, seed: int) -> dict:
+def _score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     from rlhf.config import EvalConfig
     from rlhf.evaluate import evaluate
     from rollout.render import PromptRenderer
@@ -106,7 +108,7 @@ def _score(model: str, base: str, seed: int) -> dict:
     rows = [json.loads(line) for line in open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl"))]
     evals = [{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows]
     engine = VLLMEngine(model, dtype="bfloat16", max_model_len=256, kv_cache_mb=256)
-    cfg = EvalConfig(max_new_tokens=64, n_samples=4, temperature=0.6)
+    cfg = EvalConfig(max_new_tokens=64, n_samples=samples, temperature=0.6)
     return evaluate(engine, PromptRenderer.from_pretrained(base), evals, math_reward, cfg, seed)
 
 
