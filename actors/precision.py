@@ -4,7 +4,7 @@ as the weights a bf16-true run saves.
 
 Why: DeepSpeed clones its fp32 masters from the bf16 parameters, so every master starts exactly on a bf16 value and
 the bf16 copy the forward (and the engines) see moves only once a master has drifted half a bf16 step: at a
-learning rate of 2e-5 most of a step's update is swallowed (../docs/configuration.md, "Precision"). A master
+learning rate of 2e-5 most of a step's update is swallowed (docs/configuration.md, trainer.precision). A master
 started from the fp32 file sits between bf16 values, so the rounding dithers instead of swallowing."""
 from __future__ import annotations
 
