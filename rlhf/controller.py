@@ -29,7 +29,7 @@ from rlhf.loop import answer_metric, drive, resume_point, worker_died
 from rlhf.async_rollout import staleness_metrics
 from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
-from rlhf.rounds import EngineMemory, Round, TokenScores, select_groups, teacher_kl
+from rlhf.rounds import EngineMemory, Round, TokenScores, rollout_metrics, select_groups, teacher_kl
 from rlhf.startup import teacher_model
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
@@ -319,17 +319,8 @@ class RLController:
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
-        samples, rewards, n = rollout.samples, rollout.rewards, self.cfg.rollout.n_samples
-        lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
-        extra = {}
         from_rewards = self.cfg.algorithm.name != "opd" or self.cfg.algorithm.opd_task_coef > 0
-        if from_rewards and n > 1 and len(rewards) % n == 0:  # groups whose rewards differ: GRPO/RLOO learn from those
-            extra["rollout/signal_frac"] = informative_groups(rewards.flatten(), n).float().mean().item()
-        if kl is not None:
-            extra["rollout/kl"] = masked_mean(kl, rollout.loss_mask).item()
-        return {**extra, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
-                "rollout/response_len": lengths.mean().item(),
-                "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        return {**rollout_metrics(rollout, kl, self.cfg.rollout.n_samples, from_rewards),
                 "rollout/engine_restarts": float(self.rollout.restarts)}
 
     # ---- the loop ----

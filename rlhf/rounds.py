@@ -1,6 +1,7 @@
 """The rollout phase's parts that are not the controller's: one round's result (`Round`), the engines' GPU memory
 over a step's rounds (`EngineMemory`), and the choice of groups across rounds (`select_groups`); and what the
-models say about the chosen rollout's tokens before the update (`TokenScores`, and from it `teacher_kl`)."""
+models say about the chosen rollout's tokens before the update (`TokenScores`, and from it `teacher_kl`); and what a
+rollout measures (`rollout_metrics`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -8,7 +9,8 @@ from typing import Optional
 
 import torch
 
-from algorithms.advantages import choose_groups
+from algorithms.advantages import choose_groups, informative_groups
+from algorithms.common import masked_mean
 from common.batch import RolloutBatch
 
 
@@ -76,3 +78,20 @@ def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[
                "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": len(rounds)}
     row_ids = [i for r in rounds for i in r.row_ids]
     return RolloutBatch.of(samples, rewards, pad_id), metrics, [row_ids[g] for g in chosen]
+
+
+def rollout_metrics(rollout: RolloutBatch, kl: Optional[torch.Tensor], n: int,
+                    from_rewards: bool) -> dict[str, float]:
+    """What a step's rollout measures: rewards, lengths, truncation, the KL to the reference (`kl`, per token) and,
+    where rewards drive the advantages (`from_rewards`), the share of groups of `n` whose rewards differ (GRPO/RLOO
+    learn from those only)."""
+    samples, rewards = rollout.samples, rollout.rewards
+    lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.float32)
+    out = {}
+    if from_rewards and n > 1 and len(rewards) % n == 0:
+        out["rollout/signal_frac"] = informative_groups(rewards.flatten(), n).float().mean().item()
+    if kl is not None:
+        out["rollout/kl"] = masked_mean(kl, rollout.loss_mask).item()
+    return {**out, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
+            "rollout/response_len": lengths.mean().item(),
+            "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
