@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from common.net import cache_root, free_port
+from common.net import LOOPBACK, cache_root, free_port, tcp_store
 
 
 def extensions_dir() -> str:
@@ -55,8 +55,15 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
                       MASTER_PORT=str(master_port or free_port()))
     if not torch.cuda.is_available():  # also when a process group exists already (an in-process vLLM engine's):
         skip_shm_allreduce_build()     # DeepSpeed still builds the op when it first wraps that group
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        if master_addr == LOOPBACK:  # one host: the group's store listens on loopback alone (common.net.tcp_store)
+            from torch.distributed.constants import default_pg_timeout
+            store = tcp_store(master_addr, int(os.environ["MASTER_PORT"]), rank == 0, world_size,
+                              default_pg_timeout.total_seconds())
+            torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                                 timeout=default_pg_timeout)
+        deepspeed.init_distributed(dist_backend=backend)  # on a group made above: only DeepSpeed's own set-up
 
 
 def releases_gpu_cache(method):

@@ -11,10 +11,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def node_address() -> tuple[str, int]:
-    """This node's IP and a free port on it: where a rendezvous (DeepSpeed group, sync group) can listen."""
+    """Where a rendezvous (DeepSpeed group, sync group) started on this node listens: loopback and a free port when
+    the Ray cluster is this one node (nothing off the host can then reach the store: `tcp_store`), else this
+    node's IP (the stores then accept anyone who can reach the port: a trusted network, docs/configuration.md)."""
     import ray
-    return ray.util.get_node_ip_address(), free_port()
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return (LOOPBACK if len(alive) <= 1 else ray.util.get_node_ip_address()), free_port()
+
+
+def tcp_store(host: str, port: int, is_master: bool, world_size=None, timeout_s: float = 300.0):
+    """A torch TCPStore at host:port. torch's server listens on every interface whatever `host` says; on a
+    loopback `host` the master here listens on a socket bound to loopback alone (torch's `master_listen_fd`)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    fd = None
+    if is_master and host in (LOOPBACK, "localhost"):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, port))
+        sock.listen(128)
+        fd = sock.detach()  # the store owns the descriptor from here (closing the socket object would close it)
+    return dist.TCPStore(host, port, world_size, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False, master_listen_fd=fd)
 
 
 def cache_root() -> str:

@@ -8,6 +8,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from common.net import tcp_store
 from rollout.sync.buckets import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, pack_bucket
 
 
@@ -20,7 +21,7 @@ class SyncGroup:
 
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
-        self.store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        self.store = tcp_store(host, port, rank == 0, world_size, timeout_s)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         if self.device is not None:  # torch's own new_group builds its NCCL options this way (distributed_c10d)
             options = dist.ProcessGroupNCCL.Options()

@@ -9,7 +9,6 @@ at two buckets whatever the model size, and the engine side yields named tensors
 """
 from __future__ import annotations
 
-import datetime
 import os
 import pickle
 import uuid
@@ -17,6 +16,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 
+from common.net import tcp_store
 from rollout.sync.buckets import TensorSpec, bucket_contents, bucket_nbytes, bucket_tensors, unpack_bucket
 
 SHM_DIR = "/dev/shm"
@@ -82,9 +82,7 @@ def unlink_file(path: Optional[str]) -> None:
 
 
 def connect_store(host: str, port: int, is_master: bool, timeout_s: float = 300.0):
-    import torch.distributed as dist
-    return dist.TCPStore(host, port, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    return tcp_store(host, port, is_master, timeout_s=timeout_s)
 
 
 def _sync_device(t: torch.Tensor) -> None:
