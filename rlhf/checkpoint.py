@@ -122,15 +122,14 @@ def truncate_metrics(output_dir: str, last_step: int, name: str = "metrics.jsonl
     path = os.path.join(output_dir, name)
     if not os.path.isfile(path):
         return
-    with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip()]
-    kept = []
-    for line in rows:
-        try:
-            if json.loads(line)["step"] <= last_step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError):
-            break  # a line cut by the kill: everything after it is newer anyway
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(path + ".tmp", path)
+    keep = 0  # bytes: cut in place, so a logger that holds the file open (append mode) writes after the cut
+    with open(path, "rb") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    if json.loads(line)["step"] > last_step or not line.endswith(b"\n"):
+                        break
+                except (ValueError, KeyError):
+                    break  # a line cut by the kill: everything after it is newer anyway
+            keep += len(line)
+    os.truncate(path, keep)

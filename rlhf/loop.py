@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, Optional, Protocol
+from typing import Callable, Iterator, Optional, Protocol
 
-from common.errors import TrainingStopped
+from common.errors import TrainingStopped, UserError
+from common.remote import WorkerDied
 from rlhf import checkpoint
 from rlhf.config import RunConfig, to_yaml
 from rlhf.data import BatchIterator
@@ -103,26 +104,58 @@ def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
     files are moved aside (checkpoint.set_aside). metrics.jsonl and trained_rows.jsonl are cut to match: the steps
     after the checkpoint are redone and logged once, and a run killed before its first checkpoint starts over with
     new files. Call it before anything appends to the run folder."""
-    folder, state = None, None
     if not cfg.checkpoint.resume:
         moved = checkpoint.set_aside(cfg.output_dir)
         if moved:
             print(f"checkpoint.resume=false: the earlier run's checkpoints and metrics are now in {moved}",
                   file=sys.stderr)
+    folder, state = next(resumable(cfg), (None, None))
+    cut_logs(cfg, state)
+    return folder, state
+
+
+def resumable(cfg: RunConfig, older_than: Optional[int] = None) -> Iterator[tuple[str, dict]]:
+    """(folder, driver state) of each complete checkpoint of this run whose driver state reads back whole, newest
+    first (only those before step `older_than`, if given); the others are named as they are passed over."""
     for path in checkpoint.complete(cfg.output_dir):
         try:
             state = checkpoint.load_driver_state(path)
         except ValueError as e:
             print(f"warning: checkpoint {path} cannot be restored ({e}); taking the one before it", file=sys.stderr)
             continue
+        if older_than is not None and state["step"] >= older_than:
+            continue
         if "run" in state:  # (checkpoints of earlier versions carry none)
             check_same_run(path, state["run"], identity(cfg), cfg.output_dir)
-        folder = path
-        break
-    state = state if folder else None
+        yield path, state
+
+
+def cut_logs(cfg: RunConfig, state: Optional[dict]) -> None:
     for name in ("metrics.jsonl", "trained_rows.jsonl"):
         checkpoint.truncate_metrics(cfg.output_dir, state["step"] if state else -1, name)
-    return folder, state
+
+
+def restore_newest(cfg: RunConfig, stage: "Stage", folder: str, state: dict) -> tuple[str, dict]:
+    """Restore `folder`; a checkpoint whose files do not load (same size, wrong content: what the manifest cannot
+    see) is named and the next older one of the run restored instead (the logs cut back to it). A worker that died
+    or timed out is not the checkpoint's fault: that error propagates."""
+    while True:
+        try:
+            stage.restore(folder, state)
+            return folder, state
+        except Exception as e:  # noqa: BLE001 — any error of a loader; a dead worker is re-raised below
+            if isinstance(e, WorkerDied) and not e.raised:
+                raise
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            failed = folder
+            folder, state = next(resumable(cfg, older_than=state["step"]), (None, None))
+            if folder is None:
+                raise UserError(f"checkpoint {failed} does not load ({cause}) and no older checkpoint of this run "
+                                f"is left. Move it away to start over, or set checkpoint.resume=false (the run's "
+                                f"files are then moved aside)") from e
+            print(f"warning: checkpoint {failed} does not load ({cause}); restoring {folder} instead",
+                  file=sys.stderr)
+            cut_logs(cfg, state)
 
 
 def timed_evaluation(stage: Stage, logger: MetricsLogger) -> dict:
@@ -142,7 +175,7 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     start, guard, run_id = 0, BadStepGuard(cfg.trainer.max_bad_steps), identity(cfg)
     evaluating = cfg.eval.every >= 0  # -1: never (a run timed against a trainer that does not evaluate)
     if resume_from is not None:
-        stage.restore(resume_from, state)
+        resume_from, state = restore_newest(cfg, stage, resume_from, state)
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:

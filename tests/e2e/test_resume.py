@@ -115,3 +115,26 @@ def test_a_run_killed_before_its_first_checkpoint_starts_a_clean_metrics_file(tm
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r.get("train/loss") != 9.0 for r in rows)
+
+
+def test_a_checkpoint_that_does_not_load_is_named_and_the_one_before_restored(tmp_path):
+    """Same size, wrong content (what the file-size manifest cannot see): DeepSpeed's load fails, the checkpoint is
+    named, the one before it restored, and the steps after it redone and logged once."""
+    def sft_args(steps):
+        return ["--config", "examples/sort_sft.yaml", f"output_dir={tmp_path}", f"trainer.max_steps={steps}",
+                "checkpoint.every=1", "checkpoint.keep_last=2", "eval.every=0", "data.num_eval=8",
+                "data.num_train=256"]
+
+    res = run_cli(*sft_args(2), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    newest = checkpoint.latest(str(tmp_path))
+    states = [os.path.join(d, f) for d, _, files in os.walk(newest) for f in files if f.endswith("model_states.pt")]
+    assert states, os.listdir(newest)
+    size = os.path.getsize(states[0])
+    with open(states[0], "wb") as f:
+        f.write(random.Random(0).randbytes(size))
+    res = run_cli(*sft_args(3), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"checkpoint {newest} does not load" in res.stderr and "step_000001 instead" in res.stderr, res.stderr
+    assert "resumed from" in res.stdout and "step 1)" in res.stdout, res.stdout
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [0, 1, 2, 3]
