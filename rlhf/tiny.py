@@ -84,10 +84,11 @@ def ensure_model(path: str | None, tiny: TinyModelConfig, output_dir: str, seed:
     if path is not None:
         if not os.path.isfile(os.path.join(path, "config.json")):
             from common.errors import UserError
-            from rlhf import smollm2
-            if os.path.basename(os.path.normpath(path)) == smollm2.NAME:
+            from rlhf.models import MODELS
+            real = [k for k, m in MODELS.items() if m.folder == os.path.basename(os.path.normpath(path))]
+            if real:
                 raise UserError(f"model.path = {path!r}: the real model is not converted yet; run `python -m "
-                                "rlhf.smollm2` (or `make smollm2`) once, then rerun")
+                                f"rlhf.models {real[0]}` once, then rerun")
             raise UserError(f"model.path = {path!r}: no config.json there; point it at a local Hugging Face model "
                             "folder (e.g. the `final` folder an earlier stage wrote), or unset it to build the tiny "
                             "model")

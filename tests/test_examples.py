@@ -83,5 +83,5 @@ def test_the_real_model_recipe_names_the_cache_and_says_how_to_fill_it(tmp_path,
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path))
     cfg = load_config(os.path.join(ROOT, "examples", "smollm2_math_grpo.yaml"))
     assert cfg.model.path == str(tmp_path / "models" / "SmolLM2-135M-Instruct")
-    with pytest.raises(UserError, match="python -m rlhf.smollm2"):
+    with pytest.raises(UserError, match="python -m rlhf.models smollm2-135m-instruct"):
         ensure_model(cfg.model.path, cfg.model.tiny, str(tmp_path / "run"), 0)
