@@ -19,7 +19,7 @@ from common.batch import Batch, first_target, grouped_rows, length_grouped, map_
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
-from common.prefix_sharing import additive_mask, gather_rows, group_unit, share_prefixes
+from common.prefix_sharing import gather_rows, group_unit, layer_masks, share_prefixes
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -211,11 +211,11 @@ class DSModel:
         (common.prefix_sharing); the output comes back in the padded layout from the first trained position on."""
         layout = share_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
         start = first_target(mb["loss_mask"]) if self.trims_logits else 0
-        dtype = next(self.module.parameters()).dtype
-        mask = layout.allowed if self.bool_mask else additive_mask(layout.allowed, dtype)
+        dtype = None if self.bool_mask else next(self.module.parameters()).dtype
+        mask = layer_masks(layout, getattr(self.module, "config", None), dtype, self.device)
         keep = {"logits_to_keep": layout.width - start} if self.trims_logits else {}
         out = self.engine(input_ids=layout.input_ids.to(self.device), position_ids=layout.position_ids.to(self.device),
-                          attention_mask=mask.to(self.device), use_cache=False, **keep)
+                          attention_mask=mask, use_cache=False, **keep)
         return PackedOutput(gather_rows(out.logits, layout, start))
 
     def _unit(self, batch: Batch, unit: int, size: Optional[int]) -> int:

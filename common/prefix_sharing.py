@@ -8,6 +8,7 @@ the gradient (a prefix position read by G rows receives the sum of what the G ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -82,6 +83,35 @@ def share_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_m
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The bool mask as the float one eager attention adds to its scores: 0 where allowed, dtype's min elsewhere."""
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def windowed(layout: SharedLayout, window: int) -> torch.Tensor:
+    """`allowed` within a sliding window of `window` positions: a query at position p sees keys at positions
+    p - window + 1 .. p (transformers' sliding_window_overlay), counted along each row's own positions, so a
+    continuation sees the end of its prefix exactly as its padded row does. (R, 1, N, N) bool."""
+    pos = layout.position_ids
+    near = (pos[:, :, None] - pos[:, None, :]) < window
+    return layout.allowed & near[:, None]
+
+
+def layer_masks(layout: SharedLayout, config, dtype: Optional[torch.dtype] = None, device=None):
+    """The 4D mask(s) a model's attention takes for the shared layout: one mask, or where some layers attend
+    within a sliding window (Gemma-3, Qwen2 with use_sliding_window: `config.layer_types`), one per layer type
+    (transformers' causal_mask_mapping), since a 4D mask is used as given and the window would otherwise be lost;
+    a model whose every layer is windowed (Mistral: `sliding_window` without layer_types) gets the windowed one.
+    Bool (sdpa), or additive in `dtype` (eager); on `device`."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window and types and "sliding_attention" in types:
+        masks = {t: windowed(layout, window) if t == "sliding_attention" else layout.allowed for t in set(types)}
+    elif window and types is None:
+        masks = windowed(layout, window)
+    else:
+        masks = layout.allowed
+    def finish(m: torch.Tensor) -> torch.Tensor:
+        return (m if dtype is None else additive_mask(m, dtype)).to(device)
+
+    return {t: finish(m) for t, m in masks.items()} if isinstance(masks, dict) else finish(masks)
 
 
 def gather_rows(packed: torch.Tensor, layout: SharedLayout, start: int = 0) -> torch.Tensor:
