@@ -78,6 +78,9 @@ class DataConfig:
     answer_key: str = "answer"  # optional for RL prompts: reward functions receive it as `answer` when present
     messages_key: str = "messages"  # SFT data as whole conversations (loss on assistant turns), when no prompt
     apply_chat_template: bool = False  # wrap string prompts as one user message in the checkpoint's chat template
+    # a chat template for a checkpoint without one (a base model): gemma, chatml or a Jinja file; saved with the
+    # tokenizer into every model folder the run writes (rollout/chat_templates.py)
+    chat_template: Optional[str] = None
     chosen_key: str = "chosen"  # preference data (reward model, DPO)
     rejected_key: str = "rejected"  # preference data: the dispreferred answer
     num_train: int = 4096  # synthetic tasks only

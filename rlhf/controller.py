@@ -23,7 +23,7 @@ from common.errors import TrainingStopped
 from common.remote import Shipped
 from rlhf import checkpoint
 from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
-from rlhf.data import BatchIterator, checked_renderer, prompt_rows
+from rlhf.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point, worker_died
 from rlhf.async_rollout import staleness_metrics
@@ -65,6 +65,7 @@ class RLController:
             renderer = pool.submit(checked_renderer, cfg, self.model_path, self.prompts.rows, self.eval_rows)
             init_ray()
             self.renderer = renderer.result()  # a bad tokenizer fails here, before any worker starts
+        self.tokenizer_path = tokenizer_source(cfg, self.model_path, self.renderer)  # saved beside every model
         self._start_workers()
         self.trajectories = None  # env.name: multi-turn rollouts
         if multi_turn:
@@ -343,7 +344,7 @@ class RLController:
         self.policy.save_checkpoint(folder)
         if self.critic is not None:
             self.critic.save_checkpoint(folder)
-        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.model_path)
+        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.tokenizer_path)
 
     def driver_state(self) -> dict:
         """The data position; generating ahead, also the prompts in flight with their tokens at the last sync."""
@@ -360,7 +361,7 @@ class RLController:
         self._sync_weights(state["step"])
 
     def save_final(self, out: str) -> None:
-        self.policy.save_hf(out, self.model_path)
+        self.policy.save_hf(out, self.tokenizer_path)
 
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down

@@ -236,7 +236,19 @@ class BatchIterator:
 def make_renderer(cfg, model_path: str) -> PromptRenderer:
     """The prompt renderer of a run: the checkpoint's tokenizer and generation_config, `data.apply_chat_template`."""
     return PromptRenderer.from_pretrained(model_path, chat=cfg.data.apply_chat_template,
-                                          trust_remote_code=cfg.model.trust_remote_code)
+                                          trust_remote_code=cfg.model.trust_remote_code,
+                                          chat_template=cfg.data.chat_template)
+
+
+def tokenizer_source(cfg, model_path: str, renderer: Optional[PromptRenderer] = None) -> str:
+    """The folder whose tokenizer the run saves beside its models: the checkpoint's, or under data.chat_template
+    that tokenizer with the template, written to <output_dir>/tokenizer (so a stage started from the run's model
+    renders as this run did)."""
+    if not cfg.data.chat_template:
+        return model_path
+    out = os.path.join(cfg.output_dir, "tokenizer")
+    (renderer or make_renderer(cfg, model_path)).tokenizer.save_pretrained(out)
+    return out
 
 
 def checked_renderer(cfg, model_path: str, train: list[dict], held_out: list[dict]) -> PromptRenderer:

@@ -13,7 +13,7 @@ from common.errors import TrainingStopped, UserError
 from common.remote import WorkerDied
 from rlhf import checkpoint
 from rlhf.config import RunConfig, to_yaml
-from rlhf.data import BatchIterator
+from rlhf.data import BatchIterator, tokenizer_source
 from rlhf.metrics import MetricsLogger, read_metrics
 from rlhf.run_identity import check_same_run, identity
 
@@ -241,8 +241,8 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
     resume_from, state = resume_point(cfg)
     logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=cfg.stage)
     try:
-        return drive(cfg, TrainerStage(step_fn, eval_fn, trainer, data, model_path), cfg.stage, headline, logger,
-                     resume_from, state)
+        stage = TrainerStage(step_fn, eval_fn, trainer, data, tokenizer_source(cfg, model_path))
+        return drive(cfg, stage, cfg.stage, headline, logger, resume_from, state)
     finally:
         logger.close()
 
