@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run sort smollm2 real test bench clean
+.PHONY: setup run sort smollm2 real qwen gemma test bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ smollm2: setup
 
 real: smollm2
 	$(BIN)/python -m rlhf.run --config examples/smollm2_math_grpo.yaml
+
+# Two more real models (docs/real-model.md): Qwen2.5-Coder-0.5B-Instruct, GRPO with LoRA on the word problems;
+# Gemma-3-270M base, SFT with Gemma's chat template and then GRPO from that checkpoint.
+qwen: setup
+	$(BIN)/python -m rlhf.models qwen2.5-coder-0.5b-instruct
+	$(BIN)/python -m rlhf.run --config examples/qwen2.5_math_grpo_lora.yaml
+
+gemma: setup
+	$(BIN)/python -m rlhf.models gemma-3-270m
+	$(BIN)/python -m rlhf.run --config examples/gemma3_math_sft.yaml
+	$(BIN)/python -m rlhf.run --config examples/gemma3_math_grpo.yaml
 
 # The tiny kit: SFT a locally built model on the sort task, then GRPO from that checkpoint; each stage prints exact
 # match before -> after.
