@@ -41,13 +41,17 @@ def prompts(renderer, n: int) -> tuple[list[list[int]], list[int]]:
     return short, renderer.prompt_ids(f"{long_text}\nAnswer to the first:")
 
 
-def gaps(trainer, samples) -> tuple[float, float]:
-    """Mean |engine − trainer| log-prob per completion token: over the short prompts' samples, the long one's."""
+def as_batch(samples):
+    from common.batch import pack_sequences
+    return pack_sequences([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id=0)
+
+
+def gaps(trainer, samples, mine=None) -> tuple[float, float]:
+    """Mean |engine − trainer| log-prob per completion token: over the short prompts' samples, the long one's.
+    `mine`: the trainer's log-probs of as_batch(samples) when already computed."""
     import torch
 
-    from common.batch import pack_sequences
-    batch = pack_sequences([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pad_id=0)
-    mine = trainer.compute_logprobs(batch)
+    mine = trainer.compute_logprobs(as_batch(samples)) if mine is None else mine
     diffs = []
     for b, s in enumerate(samples):
         start = len(s.prompt_ids) - 1
@@ -60,7 +64,6 @@ def one_model(name: str, lr: float) -> list:
     import torch
 
     from actors.policy import PolicyTrainer
-    from common.batch import pack_sequences
     from common.options import AlgorithmConfig, TrainerConfig
     from rlhf import models
     from rollout.engine import SamplingConfig
@@ -77,11 +80,12 @@ def one_model(name: str, lr: float) -> list:
     tr = TrainerConfig(lr=lr, batch_size=18, micro_batch_size=6, warmup_steps=0, shared_prefix=True)
     trainer = PolicyTrainer(path, tr, dtype="bfloat16")
     before = engine.generate(short + [long_ids], sampling)
-    agree = gaps(trainer, before)
+    batch = as_batch(before)
+    old = trainer.compute_logprobs(batch)
+    agree = gaps(trainer, before, old)  # the same forward gives the update's old log-probs
 
-    batch = pack_sequences([s.prompt_ids for s in before], [s.completion_ids for s in before], pad_id=0)
     adv = torch.randn(len(before), 1, generator=torch.Generator().manual_seed(0))
-    batch.update(advantages=adv * batch["loss_mask"], old_logprobs=trainer.compute_logprobs(batch))
+    batch.update(advantages=adv * batch["loss_mask"], old_logprobs=old)
     trainer.rl_step(batch, AlgorithmConfig(name="grpo"))
     unsynced = gaps(trainer, before)
     engine.update_weights(list(trainer.ds.module.named_parameters(remove_duplicate=False)))

@@ -108,6 +108,7 @@ def layer_masks(layout: SharedLayout, config, dtype: Optional[torch.dtype] = Non
         masks = windowed(layout, window)
     else:
         masks = layout.allowed
+
     def finish(m: torch.Tensor) -> torch.Tensor:
         return (m if dtype is None else additive_mask(m, dtype)).to(device)
 
