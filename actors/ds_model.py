@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import math
 import os
-import types
 from contextlib import contextmanager
-from enum import Enum
 from typing import Callable, Optional
 
 import torch
 
 from actors.dist import init_deepspeed_distributed
-from actors.logits import keep_kwargs, takes_logits_to_keep
+from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
+from actors.logits import DeferredHead, HeadOutput, defers_head, keep_kwargs, takes_logits_to_keep
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from common.batch import Batch, first_target, grouped_rows, length_grouped, map_grouped, split_batch
 from common.dtypes import autocast
@@ -44,44 +43,6 @@ def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
     }
 
 
-def restricted_load(path: str, map_location=None):
-    """DeepSpeed unpickles its checkpoint files with weights_only=False, so a crafted file could run code on load.
-    Ours load with weights_only=True: tensors, plain containers and the few DeepSpeed records its ZeRO states hold."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    with torch.serialization.safe_globals([LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]):
-        return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def plain_enums(obj):
-    """`obj` with Enum members replaced by their values (DeepSpeed's ZeroStageEnum is an int enum). Python 3.11.2
-    pickles enum members through `getattr`, which a weights-only load must refuse; later 3.11 releases do not."""
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {k: plain_enums(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [plain_enums(v) for v in obj]
-    return obj
-
-
-def skippable(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """`optimizer` with a `skip` flag: while it is set, `step()` leaves every parameter and moment as it is, so a bad
-    update can be dropped on every rank while DeepSpeed's own step (its counters, the gradient clearing) still runs.
-    DeepSpeed has no hook for this; the optimizer is ours, so its step is wrapped on the instance, never by a
-    subclass: ZeRO-3's offload_states asserts the class is exactly FusedAdam. Bound as a method, since torch's LR
-    scheduler re-wraps `optimizer.step` through its `__func__`."""
-    base = type(optimizer).step
-
-    def step(self, *args, **kwargs):
-        return None if self.skip else base(self, *args, **kwargs)
-
-    optimizer.skip, optimizer.step = False, types.MethodType(step, optimizer)
-    return optimizer
-
-
 def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
     """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
     (trainer.offload) only for its FusedAdam, a CUDA op built on first use (rlhf.config_gpu checks it can be)."""
@@ -89,40 +50,6 @@ def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
         from deepspeed.ops.adam import FusedAdam
         return skippable(FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True))
     return skippable(torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay))
-
-
-def restricted_checkpoint_engine(config):
-    """DeepSpeed's torch checkpoint engine with our two changes: saved states have plain ints for enums, loads
-    are weights-only (`restricted_load`). DeepSpeed picks its engine from a fixed list (no hook for a class of
-    our own), so the engine object it made is replaced by this subclass after `deepspeed.initialize`."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
-    class RestrictedCheckpointEngine(TorchCheckpointEngine):
-        def save(self, state_dict, path: str):
-            return super().save(plain_enums(state_dict), path)
-
-        def load(self, path: str, map_location=None):
-            return restricted_load(path, map_location)
-
-    return RestrictedCheckpointEngine(config)
-
-
-@contextmanager
-def zero3_loading(config: dict):
-    """Under ZeRO-3, `from_pretrained` inside this block builds the model under `deepspeed.zero.Init`: each rank
-    allocates only its shard and the checkpoint is loaded into the shards (transformers checks for a live
-    `HfDeepSpeedConfig`). Without it every rank loads the full model first (fine for 7B, out of memory for 32B+).
-    Other stages: nothing."""
-    if config["zero_optimization"]["stage"] != 3:
-        yield
-        return
-    from transformers.integrations import HfDeepSpeedConfig
-
-    keep = HfDeepSpeedConfig(config)  # transformers holds only a weak reference: alive for the block
-    try:
-        yield
-    finally:
-        del keep
 
 
 def warmup_lambda(warmup_steps: int):
@@ -139,11 +66,12 @@ class PackedOutput:
 class DSModel:
     def __init__(self, build: Callable[[], torch.nn.Module], tr: TrainerConfig, dtype: str, rank: int,
                  world_size: int, master_addr: str, master_port: Optional[int], seed: int, per_token: bool = True,
-                 checkpoint: Optional[str] = None):
+                 checkpoint: Optional[str] = None, defer_head: bool = False):
         """`build()` makes the model after the process group exists and the seed is set (heads init the same), its
         weights in `weights_dtype(self.precision)`. `per_token`: the model's output has one entry per token (a
         causal LM, a value head), so trainer.packing applies; a sequence classifier's does not. `checkpoint`: the
-        folder `build` loaded, whose fp32 values the fp32 masters of a 16-bit "true" precision start from."""
+        folder `build` loaded, whose fp32 values the fp32 masters of a 16-bit "true" precision start from.
+        `defer_head`: the causal LM's log-probs come from its hidden states, a chunk at a time (actors.logits)."""
         import deepspeed
 
         init_deepspeed_distributed(rank, world_size, master_addr, master_port)
@@ -167,6 +95,8 @@ class DSModel:
         self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
         self.device, self.offloaded = self.engine.device, False
         fresh_adam(optimizer)
+        self.head = (DeferredHead(self.module, self.precision, self.device)
+                     if defer_head and defers_head(self.module) is None else None)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
@@ -191,10 +121,15 @@ class DSModel:
     def __call__(self, mb: Batch):
         """The model's output on a micro-batch; packed (trainer.packing), its logits come back in the padded
         layout, so every loss reads them the same way. Padded, a causal LM returns the logits from the micro-batch's
-        first trained position on (actors.logits: the losses align them by their width)."""
+        first trained position on (actors.logits: the losses align them by their width). With a deferred head
+        (trainer.chunked_logprobs) a `HeadOutput`: the hidden states in that layout, the log-prob functions apply
+        the head."""
         self.resident()
         with autocast(self.precision, self.device):
-            return self._forward(mb)
+            if self.head is None:
+                return self._forward(mb)
+            with self.head.deferring():
+                return HeadOutput(self._forward(mb).logits, self.head)
 
     def _forward(self, mb: Batch):
         if self.shared_prefix and "loss_mask" in mb:

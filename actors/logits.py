@@ -5,12 +5,16 @@ matmul and softmax: for a real vocabulary (150k) and prompt-heavy rows that is m
 logits' memory. TRL's GRPO trainer keeps only the completion's logits the same way."""
 from __future__ import annotations
 
+import contextlib
 import inspect
+from dataclasses import dataclass
+from typing import Iterator, Optional
 
 import torch
 
-from algorithms.logprobs import logprobs_and_entropy, token_logprobs
+from algorithms.logprobs import head_logprobs, logprobs_and_entropy, token_logprobs
 from common.batch import Batch, first_target
+from common.dtypes import autocast
 
 
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
@@ -34,32 +38,95 @@ def shifted_logits(mb: Batch, logits: torch.Tensor) -> tuple[torch.Tensor, torch
     return logits[:, :-1], mb["input_ids"][:, s + 1:], s
 
 
-def shifted_logprobs(mb: Batch, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Log-probs of input_ids[:, 1:] under softmax(logits / temperature), (B, W-1) fp32. With a loss_mask, zero
-    wherever it is false, as the engine's rollout_logprobs are: the same numbers however rows were grouped into
-    micro-batches (and so trimmed)."""
-    return _at_trained_positions(mb, logits, entropy=False, temperature=temperature)[0]
+def shifted_logprobs(mb: Batch, out, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of input_ids[:, 1:] under softmax(logits / temperature), (B, W-1) fp32, from a forward's output
+    (`.logits`, or `HeadOutput`). With a loss_mask, zero wherever it is false, as the engine's rollout_logprobs are:
+    the same numbers however rows were grouped into micro-batches (and so trimmed)."""
+    return _at_trained_positions(mb, out, entropy=False, temperature=temperature)[0]
 
 
-def shifted_logprobs_entropy(mb: Batch, logits: torch.Tensor,
-                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def shifted_logprobs_entropy(mb: Batch, out, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probs, entropies) of softmax(logits / temperature), each (B, W-1) fp32, zero outside loss_mask
     (entropies detached), from one pass."""
-    return _at_trained_positions(mb, logits, entropy=True, temperature=temperature)
+    return _at_trained_positions(mb, out, entropy=True, temperature=temperature)
 
 
-def _at_trained_positions(mb: Batch, logits: torch.Tensor, entropy: bool,
-                          temperature: float) -> tuple[torch.Tensor, ...]:
+def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> tuple[torch.Tensor, ...]:
     """With a loss_mask only its positions are computed: the rest of the window (padding after short completions,
     prompt tokens after the first trained position) would be upcast, normalised and then thrown away. The entropy
     pass is skipped where nobody reads it (reference and old log-probs). The temperature divides each row chunk after
-    its fp32 upcast (vLLM's sampler divides fp32 logits too)."""
-    logits, targets, s = shifted_logits(mb, logits)
+    its fp32 upcast (vLLM's sampler divides fp32 logits too). A `HeadOutput` gets its head applied here, to the
+    selected positions only, a chunk at a time."""
+    head = out.head if isinstance(out, HeadOutput) else None
+    values, targets, s = shifted_logits(mb, out.hidden if head is not None else out.logits)
     mask = mb.get("loss_mask")
-    window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=logits.device)
-    flat_logits, flat_targets = logits[window], targets[window]
-    out = (logprobs_and_entropy(flat_logits, flat_targets, temperature) if entropy
-           else (token_logprobs(flat_logits, flat_targets, temperature),))
+    window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=values.device)
+    flat, flat_targets = values[window], targets[window]
+    if head is not None:
+        got = head_logprobs(flat, head, flat_targets, temperature, entropy, head.chunk_rows)
+        got = got if entropy else got[:1]
+    elif entropy:
+        got = logprobs_and_entropy(flat, flat_targets, temperature)
+    else:
+        got = (token_logprobs(flat, flat_targets, temperature),)
     full = torch.nn.functional.pad(window, (s, 0))  # mask[:, :s] is all false
-    zeros = torch.zeros(full.shape, dtype=torch.float32, device=logits.device)
-    return tuple(zeros.masked_scatter(full, t) for t in out)
+    zeros = torch.zeros(full.shape, dtype=torch.float32, device=values.device)
+    return tuple(zeros.masked_scatter(full, t) for t in got)
+
+
+@dataclass
+class HeadOutput:
+    """A forward run with its LM head deferred (`DeferredHead`): the last hidden states (B, W, H) where the logits
+    would be, in the same layout, and the head that turns them into logits."""
+    hidden: torch.Tensor
+    head: "DeferredHead"
+
+
+class DeferredHead:
+    """trainer.chunked_logprobs: log-probs from the final hidden states without the (rows, T, V) logits. While the
+    model runs inside `deferring()` its LM head passes the hidden states through, so the forward (and every layout
+    that moves its output: padded, packed, shared-prefix) returns those instead of logits; the log-prob functions
+    above then apply the head to the trained positions only, `chunk_rows` at a time (algorithms.logprobs.
+    head_logprobs). The head stays a module called as itself, so DeepSpeed's hooks (ZeRO-3 gathers) still run."""
+
+    def __init__(self, model: torch.nn.Module, precision: str, device: torch.device,
+                 budget_bytes: int = 256 * 2**20):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.module = base.get_output_embeddings()
+        self.chunk_rows = max(16, budget_bytes // (4 * self.module.out_features))  # fp32 logits of one chunk
+        self.precision, self.device = precision, device  # applied later, outside the forward's autocast: its own
+        self.deferred, self._forward = False, self.module.forward
+        self.module.forward = self._call  # an instance attribute: the class's forward is untouched
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of `hidden` (n, H) -> (n, V), as the model's own forward computes them."""
+        with autocast(self.precision, self.device):
+            return self.module(hidden)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.module.parameters()
+
+    def _call(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden if self.deferred else self._forward(hidden)
+
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        self.deferred = True
+        try:
+            yield
+        finally:
+            self.deferred = False
+
+
+def defers_head(model: torch.nn.Module) -> Optional[str]:
+    """Why the head of `model` cannot be deferred, or None where it can: a causal LM whose logits are its output
+    layer's (no final soft-capping or scaling, which the forward would apply to the hidden states instead)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear):
+        return f"{type(base).__name__} has no linear output layer"
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        if getattr(config, key, None) not in (None, 1, 1.0):
+            return f"its config sets {key}={getattr(config, key)}, applied to the logits after the head"
+    return None

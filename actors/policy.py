@@ -13,12 +13,12 @@ import torch
 
 from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
-from actors.logits import shifted_logits, shifted_logprobs, shifted_logprobs_entropy
+from actors.logits import shifted_logprobs, shifted_logprobs_entropy
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
 from algorithms.ppo import policy_loss
-from algorithms.sft import sft_loss
+from algorithms.sft import nll_loss
 from common.batch import Batch, scatter_rows, sequence_logprobs
 from common.dtypes import DTYPES, weights_dtype
 from common.net import node_address
@@ -35,7 +35,7 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 
 def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
-    return shifted_logprobs(mb, out.logits)
+    return shifted_logprobs(mb, out)
 
 
 def _rollout_checks(old: torch.Tensor, mb: Batch, algo: AlgorithmConfig) -> dict[str, torch.Tensor]:
@@ -66,7 +66,8 @@ class PolicyTrainer:
                                                          attn_implementation=tr.attn_implementation,
                                                          trust_remote_code=trust_remote_code)
             return add_lora(model, self.lora) if self.lora else model
-        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed, checkpoint=model_path)
+        self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed, checkpoint=model_path,
+                          defer_head=tr.chunked_logprobs)
         self.rank, self.cfg, self.temperature = rank, tr, logprob_temperature
         self.export_dtype = DTYPES[dtype]  # the engines' (model.dtype), whatever the trainer's weights are in
 
@@ -88,8 +89,7 @@ class PolicyTrainer:
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step of SFT on this rank's rows (input_ids, attention_mask, loss_mask)."""
         def loss_fn(mb: Batch, out, normalizer: float):
-            logits, targets, s = shifted_logits(mb, out.logits)
-            loss, _ = sft_loss(logits, targets, mb["loss_mask"][:, s:], normalizer=normalizer)
+            loss, _ = nll_loss(shifted_logprobs(mb, out), mb["loss_mask"], normalizer=normalizer)
             return loss, {}  # its per-micro-batch NLL would only repeat train/loss
         metrics = self.ds.optimizer_step(batch, loss_fn, "token-mean")
         metrics["train/loss"] = metrics.pop("loss")
@@ -111,7 +111,7 @@ class PolicyTrainer:
         kept: list[torch.Tensor] = []
 
         def loss_fn(mb: Batch, out, normalizer: float):
-            logp, entropy = shifted_logprobs_entropy(mb, out.logits, self.temperature)
+            logp, entropy = shifted_logprobs_entropy(mb, out, self.temperature)
             old = logp.detach() if fused else mb["old_logprobs"]
             if fused:
                 kept.append((mb["row"].cpu(), old.cpu()))
@@ -166,7 +166,7 @@ class PolicyTrainer:
         self.ds.load_checkpoint(path, "policy")
 
     def _tempered_logprobs(self, mb: Batch, out) -> torch.Tensor:
-        return shifted_logprobs(mb, out.logits, self.temperature)
+        return shifted_logprobs(mb, out, self.temperature)
 
     @releases_gpu_cache
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """`ReferenceModel`: a frozen copy of the initial policy that scores sequences (for the KL penalty and DPO)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 
 from actors.dist import releases_gpu_cache
-from actors.logits import keep_kwargs, shifted_logprobs, takes_logits_to_keep
+from actors.logits import DeferredHead, HeadOutput, defers_head, keep_kwargs, shifted_logprobs, takes_logits_to_keep
 from common.batch import Batch, map_grouped
 from common.dtypes import autocast, weights_dtype
 from common.options import precision_of
@@ -14,10 +15,12 @@ from common.options import precision_of
 
 class ReferenceModel:
     def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
-                 trust_remote_code: bool = False, logprob_temperature: float = 1.0, precision: Optional[str] = None):
+                 trust_remote_code: bool = False, logprob_temperature: float = 1.0, precision: Optional[str] = None,
+                 chunked_logprobs: bool = True):
         """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs).
         `precision`: the policy's trainer.precision, so the reference computes what the policy's first forward does
-        (a bf16-mixed policy's reference is fp32 under autocast too); null = by `dtype`."""
+        (a bf16-mixed policy's reference is fp32 under autocast too); null = by `dtype`. `chunked_logprobs`: from
+        the hidden states, the head applied a chunk at a time (trainer.chunked_logprobs, actors.logits)."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -27,6 +30,8 @@ class ReferenceModel:
         self.model.eval().requires_grad_(False)
         self.micro_batch_size, self.temperature = micro_batch_size, logprob_temperature
         self.trims_logits = takes_logits_to_keep(self.model)
+        chunked = chunked_logprobs and defers_head(self.model) is None
+        self.head = DeferredHead(self.model, self.precision, self.device) if chunked else None
 
     @releases_gpu_cache
     @torch.no_grad()
@@ -35,9 +40,13 @@ class ReferenceModel:
         only from each micro-batch's first trained position: actors.logits)."""
         def run(mb: Batch) -> torch.Tensor:
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            with autocast(self.precision, self.device):
-                logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                    **keep_kwargs(mb, self.trims_logits)).logits
-            return shifted_logprobs(mb, logits, self.temperature).cpu()
+            with autocast(self.precision, self.device), self._deferring():
+                out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                 **keep_kwargs(mb, self.trims_logits))
+            out = out if self.head is None else HeadOutput(out.logits, self.head)
+            return shifted_logprobs(mb, out, self.temperature).cpu()
         keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
         return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run)
+
+    def _deferring(self):
+        return self.head.deferring() if self.head is not None else contextlib.nullcontext()

@@ -1,7 +1,10 @@
 """Per-token log-probabilities and entropy from logits."""
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 _CHUNK_ROWS = 1024  # rows of (B*T, V) processed at once, to bound the fp32 working set for large vocabularies
 
@@ -55,3 +58,45 @@ def logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor,
         with torch.no_grad():
             ent[start:start + _CHUNK_ROWS] = lse - (torch.exp(rows - lse[:, None]) * rows).sum(-1)
     return logp, ent
+
+
+def head_logprobs(hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], labels: torch.Tensor,
+                  temperature: float = 1.0, entropy: bool = False,
+                  chunk_rows: int = _CHUNK_ROWS) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """`logprobs_and_entropy` of the logits `head(hidden)` without ever holding them for all rows: hidden (N, H)
+    final hidden states, head (n, H) -> (n, V) (the LM head), labels (N,) -> (N,) fp32 log-probs (differentiable,
+    to `hidden` and to the head's weights) and (N,) fp32 entropies (detached) or None.
+
+    `chunk_rows` rows at a time; where gradients are wanted each chunk is checkpointed, so the backward recomputes
+    its (chunk_rows, V) logits instead of keeping them: the peak extra memory is one chunk's logits, whatever N is,
+    for one more head matmul in the backward."""
+    logps, ents = [], []
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or _has_trainable(head))
+    for start in range(0, hidden.shape[0], chunk_rows):
+        rows, targets = hidden[start:start + chunk_rows], labels[start:start + chunk_rows]
+        if grad:
+            logp, ent = checkpoint(_head_chunk, rows, targets, head, temperature, entropy, use_reentrant=False,
+                                   preserve_rng_state=False)
+        else:
+            logp, ent = _head_chunk(rows, targets, head, temperature, entropy)
+        logps.append(logp)
+        ents.append(ent)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    logp = torch.cat(logps) if logps else empty
+    return logp, (torch.cat(ents) if ents else empty) if entropy else None
+
+
+def _has_trainable(head: Callable) -> bool:
+    """Whether the head has weights to train (an nn.Module, or anything with its `parameters()`)."""
+    return hasattr(head, "parameters") and any(p.requires_grad for p in head.parameters())
+
+
+def _head_chunk(rows: torch.Tensor, targets: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
+                temperature: float, entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    logits = _fp32(head(rows), temperature)
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+    if not entropy:
+        return logp, None
+    with torch.no_grad():
+        return logp, lse - (torch.exp(logits - lse[:, None]) * logits).sum(-1)

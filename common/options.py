@@ -54,6 +54,10 @@ class TrainerConfig:
     # once, under a 4D attention mask (common.prefix_sharing); the same loss and gradient. sdpa or eager attention
     shared_prefix: bool = False
     attn_implementation: Optional[str] = None  # the trainer's model: sdpa | eager | flash_attention_2 | ...; null: HF
+    # log-probs (policy, reference, teacher) from the final hidden states, the LM head applied to the trained
+    # positions a chunk at a time (actors.logits.DeferredHead): the (rows, T, V) logits never exist at once. Models
+    # whose logits are more than their head's output (final soft-capping) keep the full logits
+    chunked_logprobs: bool = True
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is

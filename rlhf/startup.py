@@ -157,11 +157,13 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
                              ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
                     if "reward" in ranks else None)
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
-                          logprob_temperature=logprob_temperature(cfg), precision=cfg.trainer.precision, **common)
+                          logprob_temperature=logprob_temperature(cfg), precision=cfg.trainer.precision,
+                          chunked_logprobs=cfg.trainer.chunked_logprobs, **common)
                  if "reference" in ranks else None)
     # (teacher.path was checked against the student by the controller, before Ray started: teacher_model)
     teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path,
-                        logprob_temperature=logprob_temperature(cfg), **common)
+                        logprob_temperature=logprob_temperature(cfg),
+                        chunked_logprobs=cfg.trainer.chunked_logprobs, **common)
                if "teacher" in ranks else None)
     return reward_model, reference, teacher
 

@@ -21,7 +21,7 @@ def test_trimmed_logits_give_the_same_logprobs_updates_and_metrics(tiny_model_di
     mask, width = batch["loss_mask"], batch["input_ids"].shape[1]
     start = first_target(mask)
     assert start > 0  # the prompts are long enough for the check below to mean something
-    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, chunked_logprobs=False)
     trimmed, full = PolicyTrainer(tiny_model_dir, tr), PolicyTrainer(tiny_model_dir, tr)
     full.ds.trims_logits = False  # the reference: logits for every position
     assert trimmed.ds.trims_logits

@@ -66,7 +66,8 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from actors.dist import init_deepspeed_distributed
-    from actors.ds_model import deepspeed_config, zero3_loading
+    from actors.ds_guards import zero3_loading
+    from actors.ds_model import deepspeed_config
 
     init_deepspeed_distributed(0, 1, "127.0.0.1", None)
     for stage in (2, 3):
@@ -115,7 +116,8 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
     configs += [TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=m, warmup_steps=0, packing=True)
                 for m in (16, 4)]
     trainers = [PolicyTrainer(tiny_model_dir, c) for c in configs]
-    assert isinstance(trainers[3].ds(batch), PackedOutput) and not isinstance(trainers[0].ds(batch), PackedOutput)
+    assert isinstance(trainers[3].ds._forward(batch), PackedOutput)
+    assert not isinstance(trainers[0].ds._forward(batch), PackedOutput)
     sizes = [len(rows) for rows, _ in trainers[2].ds._micro_batches(batch, 1)]
     assert sum(sizes) == 16 and sizes[0] <= 3 and len(set(sizes)) > 1, sizes
     # off-policy old log-probs: ratios and clipping vary token by token, so a wrongly weighted metric shows

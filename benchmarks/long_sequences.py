@@ -1,0 +1,164 @@
+"""Long completions: memory and seconds of one GRPO train step and one reference pass as completions grow, with
+the log-probs from full logits against trainer.chunked_logprobs (actors.logits.DeferredHead), in one run.
+
+    python benchmarks/long_sequences.py [--models tiny-152k,smollm2] [--lengths 256,1024,4096,8192] [--group 8]
+                                        [--cap-gib 12] [--paths full,chunked]
+
+One group of `--group` completions of each length after one 64-token prompt, in one micro-batch (as a user with
+micro_batch_size = group size would run it), bf16 weights (trainer.precision bf16-true). `tiny-152k` is the tiny
+Qwen2 with Qwen2.5's vocabulary (151,936 rows: the head dominates); `smollm2` the real SmolLM2-135M-Instruct. Each
+measurement runs in a process of its own; its peak extra memory is the growth of the process's peak RSS over what
+it held after loading (CPU; on a GPU `max_memory_allocated`). A process that grows past --cap-gib is stopped and
+reported as such, so the sweep cannot take the machine down.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.helpers import print_table  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = 64
+
+
+def model_dir(name: str) -> str:
+    """A local folder for `name`: the tiny Qwen2 with a 151,936-row vocabulary (made once under the cache), or a
+    provisioned real model."""
+    if name == "smollm2":
+        from rlhf import smollm2
+        return smollm2.provision()
+    from transformers import AutoModelForCausalLM
+
+    from rlhf.config import TinyModelConfig
+    from rlhf.tiny import save_tiny_model
+    out = os.path.join(ROOT, ".cache", "long_sequences", "tiny-152k")
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        save_tiny_model(TinyModelConfig(max_position_embeddings=32768), out)
+        model = AutoModelForCausalLM.from_pretrained(out)
+        model.resize_token_embeddings(151936, mean_resizing=False)  # new rows random: Qwen2.5's head
+        model.save_pretrained(out)
+    return out
+
+
+def group_batch(vocab: int, completion: int, group: int):
+    import torch
+
+    from common.batch import pack_sequences
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(10, vocab, (PROMPT,), generator=g).tolist()
+    completions = [torch.randint(10, vocab, (completion,), generator=g).tolist() for _ in range(group)]
+    batch = pack_sequences([prompt] * group, completions, pad_id=0)
+    batch["advantages"] = torch.randn(group, 1, generator=g) * batch["loss_mask"]
+    return batch
+
+
+class Peak:
+    """Peak memory growth over a block: the peak RSS (VmHWM, reset at entry) or the GPU's max allocated."""
+
+    def __enter__(self):
+        import torch
+        self.gpu = torch.cuda.is_available()
+        if self.gpu:
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        else:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+            self.base = self._status("VmRSS")
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+        self.seconds = time.perf_counter() - self.start
+        top = torch.cuda.max_memory_allocated() if self.gpu else self._status("VmHWM")
+        self.extra = top - self.base
+
+    @staticmethod
+    def _status(key: str) -> int:
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise KeyError(key)
+
+
+def measure_one(model: str, completion: int, group: int, path: str) -> dict:
+    """In this process: one rl_step and one reference pass of the group; seconds and peak extra bytes of each."""
+    from actors.policy import PolicyTrainer
+    from actors.reference import ReferenceModel
+    from rlhf.config import AlgorithmConfig, TrainerConfig
+
+    folder = model_dir(model)
+    chunked = path == "chunked"
+    tr = TrainerConfig(lr=1e-5, batch_size=group, micro_batch_size=group, warmup_steps=0,
+                       chunked_logprobs=chunked)
+    trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
+    batch = group_batch(trainer.model.config.vocab_size, completion, group)
+    with Peak() as step:
+        trainer.rl_step(batch, AlgorithmConfig())
+    del trainer
+    reference = ReferenceModel(folder, "bfloat16", micro_batch_size=group, chunked_logprobs=chunked)
+    with Peak() as ref:
+        reference.compute_logprobs(batch)
+    return dict(step_s=step.seconds, step_gib=step.extra / 2**30, ref_s=ref.seconds, ref_gib=ref.extra / 2**30)
+
+
+def run_one(model: str, completion: int, group: int, path: str, cap: float) -> dict:
+    """`measure_one` in a child process, stopped if its RSS passes `cap` GiB."""
+    import psutil
+
+    code = (f"import json; from benchmarks.long_sequences import measure_one; "
+            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r})))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watched, over = psutil.Process(proc.pid), False
+    while proc.poll() is None:
+        try:
+            over = watched.memory_info().rss > cap * 2**30
+        except psutil.Error:
+            pass
+        if over:
+            proc.kill()
+            break
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    rows = [line for line in out.splitlines() if line.startswith("ROW ")]
+    if over or proc.returncode != 0 or not rows:
+        return dict(failed=f"over {cap:g} GiB" if over else f"exit {proc.returncode}: {err.strip()[-300:]}")
+    return json.loads(rows[-1][4:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="tiny-152k,smollm2")
+    p.add_argument("--lengths", default="256,1024,4096,8192")
+    p.add_argument("--paths", default="full,chunked")
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--cap-gib", type=float, default=12.0)
+    a = p.parse_args()
+    table = []
+    for model in a.models.split(","):
+        for length in [int(x) for x in a.lengths.split(",")]:
+            got = {path: run_one(model, length, a.group, path, a.cap_gib) for path in a.paths.split(",")}
+            for path, r in got.items():
+                print(json.dumps(dict(model=model, completion=length, path=path, **r)), flush=True)
+                base = got.get("full", {})
+                if "failed" in r:
+                    table.append([model, length, path, r["failed"], "", "", "", ""])
+                    continue
+                ratio = (f"{r['step_s'] / base['step_s']:.2f} / {r['step_gib'] / max(base['step_gib'], 1e-9):.2f}"
+                         if "step_s" in base else "-")
+                table.append([model, length, path, r["step_s"], r["step_gib"], r["ref_s"], r["ref_gib"], ratio])
+    print_table(["model", "completion tokens", "log-probs", "train step s", "step peak extra GiB", "reference s",
+                 "reference peak extra GiB", "step s / GiB vs full"], table)
+
+
+if __name__ == "__main__":
+    main()
