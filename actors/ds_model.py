@@ -83,6 +83,9 @@ class DSModel:
         config = deepspeed_config(tr, dtype, world_size)
         with zero3_loading(config):
             model = build()
+        if tr.gradient_checkpointing:
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.trims_logits = takes_logits_to_keep(model)  # logits only from a micro-batch's first trained token
         # sdpa takes a bool 4D mask as it is; eager attention adds its mask to the scores
         self.bool_mask = getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
@@ -94,6 +97,7 @@ class DSModel:
                                                config=config)
         self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
         self.device, self.offloaded = self.engine.device, False
+        self.engine.train()  # from_pretrained leaves eval mode, in which gradient checkpointing is off
         fresh_adam(optimizer)
         self.head = (DeferredHead(self.module, self.precision, self.device)
                      if defer_head and defers_head(self.module) is None else None)

@@ -2,7 +2,7 @@
 the log-probs from full logits against trainer.chunked_logprobs (actors.logits.DeferredHead), in one run.
 
     python benchmarks/long_sequences.py [--models tiny-152k,smollm2] [--lengths 256,1024,4096,8192] [--group 8]
-                                        [--cap-gib 12] [--paths full,chunked]
+                                        [--cap-gib 12] [--paths full,chunked,chunked+gc]
 
 One group of `--group` completions of each length after one 64-token prompt, in one micro-batch (as a user with
 micro_batch_size = group size would run it), bf16 weights (trainer.precision bf16-true). `tiny-152k` is the tiny
@@ -96,9 +96,9 @@ def measure_one(model: str, completion: int, group: int, path: str) -> dict:
     from rlhf.config import AlgorithmConfig, TrainerConfig
 
     folder = model_dir(model)
-    chunked = path == "chunked"
+    chunked = path.startswith("chunked")
     tr = TrainerConfig(lr=1e-5, batch_size=group, micro_batch_size=group, warmup_steps=0,
-                       chunked_logprobs=chunked)
+                       chunked_logprobs=chunked, gradient_checkpointing=path.endswith("+gc"))
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group)
     with Peak() as step:
@@ -139,7 +139,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="tiny-152k,smollm2")
     p.add_argument("--lengths", default="256,1024,4096,8192")
-    p.add_argument("--paths", default="full,chunked")
+    p.add_argument("--paths", default="full,chunked,chunked+gc",
+                   help="full logits (before), chunked_logprobs, chunked + trainer.gradient_checkpointing")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--cap-gib", type=float, default=12.0)
     a = p.parse_args()

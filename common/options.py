@@ -58,6 +58,9 @@ class TrainerConfig:
     # positions a chunk at a time (actors.logits.DeferredHead): the (rows, T, V) logits never exist at once. Models
     # whose logits are more than their head's output (final soft-capping) keep the full logits
     chunked_logprobs: bool = True
+    # keep only each decoder layer's input for the backward and recompute the layer there (activation
+    # checkpointing, non-reentrant): about a third more compute for a fraction of the memory; for long sequences
+    gradient_checkpointing: bool = False
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is

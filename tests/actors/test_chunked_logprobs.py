@@ -136,3 +136,22 @@ def test_models_whose_logits_are_not_their_heads_output_keep_the_full_logits(tin
     assert defers_head(model) is None
     model.config.final_logit_softcapping = 30.0
     assert "final_logit_softcapping" in defers_head(model)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_recomputes_the_layers_and_changes_no_gradient(tiny_model_dir, lora):
+    adapter = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    plain, recomputed = [PolicyTrainer(tiny_model_dir, replace(TR, gradient_checkpointing=c), lora=adapter)
+                         for c in (False, True)]
+    layers = recomputed.model.get_base_model().model.layers if lora else recomputed.model.model.layers
+    assert recomputed.model.is_gradient_checkpointing and layers[0].gradient_checkpointing
+    calls, mlp = [], layers[0].mlp.forward
+    layers[0].mlp.forward = lambda x: calls.append(1) or mlp(x)  # (module hooks do not fire in the recomputation)
+    batch = grouped_batch(vocab=200)
+    rows = dict(batch, advantages=torch.randn(16, 1, generator=torch.Generator().manual_seed(1)) * batch["loss_mask"])
+    grads = [gradients(t) for t in (plain, recomputed)]
+    a, b = plain.rl_step(rows, AlgorithmConfig()), recomputed.rl_step(rows, AlgorithmConfig())
+    assert len(calls) == 2 * 2  # two micro-batches, each layer run again in the backward
+    assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-5)
+    for name, g in grads[0].items():
+        assert (grads[1][name] - g).abs().max() <= 1e-5 * g.abs().max() + 1e-9, name
