@@ -14,10 +14,10 @@ from actors.dist import init_deepspeed_distributed
 from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, defers_head, keep_kwargs, takes_logits_to_keep
 from actors.precision import fresh_adam, master_state_dict, start_masters
-from common.batch import Batch, first_target, grouped_rows, length_grouped, map_grouped, split_batch
+from common.batch import Batch, budget_grouped, first_target, length_grouped, map_grouped, map_pieces, split_batch
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
-from common.packing import micro_batches_needed, pack_rows, token_budget_groups, unpack_rows
+from common.packing import micro_batches_needed, pack_rows, unpack_rows
 from common.prefix_sharing import gather_rows, group_unit, layer_masks, share_prefixes
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
@@ -179,7 +179,10 @@ class DSModel:
             mb = self.on_device(mb)
             return fn(mb, self(mb)).cpu()
         size = self.cfg.micro_batch_size
-        out = map_grouped(batch, size, run, self._unit(batch, 1, size))
+        if self.cfg.max_tokens_per_micro_batch is None:
+            out = map_grouped(batch, size, run, self._unit(batch, 1, size))
+        else:  # by the same token budget as the update's micro-batches
+            out = map_pieces(batch, self._budget_groups(batch, self._unit(batch, 1, None)), run)
         self.engine.train()
         return out
 
@@ -257,12 +260,16 @@ class DSModel:
             if rows % gas:
                 raise ValueError(f"cannot split {rows} rows into {gas} equal micro-batches")
             return length_grouped(mini, rows // gas, self._unit(mini, unit, rows // gas))
-        unit = self._unit(mini, unit, None)
-        lengths = mini["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
+        return self._budget_groups(mini, self._unit(mini, unit, None))
+
+    def _budget_groups(self, rows: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:
+        """Micro-batches under trainer.max_tokens_per_micro_batch, as many on this rank as on the rank that needs
+        most (ZeRO's collectives run once per forward), at most as many as the fewest units any rank has."""
+        budget = self.cfg.max_tokens_per_micro_batch
+        lengths = rows["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
         need = torch.tensor([micro_batches_needed(lengths, budget // unit), -len(lengths)], dtype=torch.float64)
         need = self.all_reduce_max(need)
-        groups = token_budget_groups(lengths, int(min(need[0].item(), -need[1].item())))
-        return [grouped_rows(mini, torch.tensor([u * unit + j for u in g for j in range(unit)])) for g in groups]
+        return budget_grouped(rows, budget, unit, count=int(min(need[0].item(), -need[1].item())))
 
     def _global_means(self, sums: dict[str, float], weight: float) -> dict[str, float]:
         """Each micro-batch metric (a mean over its tokens, or pairs) as one mean over every rank's micro-batches,

@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from common.batch import Batch, even_spans, split_batch
+from common.batch import Batch, compact, even_spans, shards
 from common.net import node_address
 from common.packing import deal_by_length
 from common.remote import Shipped, make_actor, ray_get, ship
@@ -35,10 +35,10 @@ class ActorGroup:
 
     def _shards(self, batch: Batch | Shipped) -> list:
         """One shard per rank: a Shipped batch's references, else the batch cut here."""
-        shards = batch.refs if isinstance(batch, Shipped) else split_batch(batch, self.world_size)
-        if len(shards) != self.world_size:
-            raise ValueError(f"a batch shipped in {len(shards)} shards for {self.world_size} {self.role} ranks")
-        return shards
+        parts = batch.refs if isinstance(batch, Shipped) else shards(batch, self.world_size)
+        if len(parts) != self.world_size:
+            raise ValueError(f"a batch shipped in {len(parts)} shards for {self.world_size} {self.role} ranks")
+        return parts
 
     def _scatter(self, call: Callable, batch: Batch | Shipped) -> list:
         return self._wait([call(a, shard) for a, shard in zip(self.actors, self._shards(batch))])
@@ -64,7 +64,7 @@ class ActorGroup:
             rows = {**(batch.batch if isinstance(batch, Shipped) else batch), **extra}
             self._order = deal_by_length(rows["attention_mask"].sum(1), self.world_size, mini_batches)
             batch, extra = {k: v[self._order] for k, v in rows.items()}, {}
-        extras = split_batch(extra, self.world_size) if extra else [None] * self.world_size
+        extras = shards(extra, self.world_size) if extra else [None] * self.world_size
         return self._wait([a.train_step.remote(shard, algo, more)
                            for a, shard, more in zip(self.actors, self._shards(batch), extras)])[0]
 
@@ -146,7 +146,7 @@ class Replicas:
             return torch.cat(ray_get(refs, self.timeout_s, self.roles))
         batch = batch.batch if isinstance(batch, Shipped) else batch
         spans = even_spans(len(next(iter(batch.values()))), len(self.actors))
-        refs = [call(self.actors[i], {k: v[lo:hi] for k, v in batch.items()}) for i, lo, hi in spans]
+        refs = [call(self.actors[i], compact({k: v[lo:hi] for k, v in batch.items()})) for i, lo, hi in spans]
         return torch.cat(ray_get(refs, self.timeout_s, [self.roles[i] for i, _, _ in spans]))
 
     def kill(self) -> None:

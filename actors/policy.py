@@ -290,6 +290,7 @@ class PolicyTrainer:
             self._sender.opened()
 
     @releases_gpu_cache
-    def send_weights(self) -> int:
-        """This rank's part of one sync: export every weight (collective under ZeRO-3) and send it."""
-        return self._sender.send(self.iter_weights())
+    def send_weights(self, fingerprint: bool = True) -> int:
+        """This rank's part of one sync: export every weight (collective under ZeRO-3) and send it (fingerprinted
+        if the channel verifies and `fingerprint`)."""
+        return self._sender.send(self.iter_weights(), fingerprint)

@@ -16,11 +16,13 @@ from common.options import precision_of
 class ReferenceModel:
     def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
                  trust_remote_code: bool = False, logprob_temperature: float = 1.0, precision: Optional[str] = None,
-                 chunked_logprobs: bool = True):
+                 chunked_logprobs: bool = True, max_tokens_per_micro_batch: Optional[int] = None):
         """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs).
         `precision`: the policy's trainer.precision, so the reference computes what the policy's first forward does
         (a bf16-mixed policy's reference is fp32 under autocast too); null = by `dtype`. `chunked_logprobs`: from
-        the hidden states, the head applied a chunk at a time (trainer.chunked_logprobs, actors.logits)."""
+        the hidden states, the head applied a chunk at a time (trainer.chunked_logprobs, actors.logits).
+        `max_tokens_per_micro_batch`: micro-batches of as many rows as fit that many padded tokens, instead of
+        `micro_batch_size` rows (the trainer's setting: long completions would not fit 16 rows)."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -29,6 +31,7 @@ class ReferenceModel:
                                                           trust_remote_code=trust_remote_code).to(self.device)
         self.model.eval().requires_grad_(False)
         self.micro_batch_size, self.temperature = micro_batch_size, logprob_temperature
+        self.max_tokens = max_tokens_per_micro_batch
         self.trims_logits = takes_logits_to_keep(self.model)
         chunked = chunked_logprobs and defers_head(self.model) is None
         self.head = DeferredHead(self.model, self.precision, self.device) if chunked else None
@@ -46,7 +49,7 @@ class ReferenceModel:
             out = out if self.head is None else HeadOutput(out.logits, self.head)
             return shifted_logprobs(mb, out, self.temperature).cpu()
         keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
-        return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run)
+        return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run, max_tokens=self.max_tokens)
 
     def _deferring(self):
         return self.head.deferring() if self.head is not None else contextlib.nullcontext()

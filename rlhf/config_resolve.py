@@ -22,7 +22,8 @@ def resolved(cfg: RunConfig) -> RunConfig:
     hybrid = pl.mode == "hybrid"  # the engine core stays in the rank's process
     rollout = replace(r, logprob_diff_warn=logprob_diff_warn(cfg),
                       seed_per_prompt=seed_per_prompt(r.seed_per_prompt, pl.num_gpus),
-                      multiprocess=False if hybrid else multiprocess_engine(r.multiprocess, pl.num_gpus))
+                      multiprocess=False if hybrid else multiprocess_engine(r.multiprocess, pl.num_gpus),
+                      gpu_memory_utilization=r.gpu_memory_utilization or (0.9 if pl.mode == "split" else 0.5))
     algorithm = replace(a, loss_norm_len=a.loss_norm_len or r.max_new_tokens)
     if r.max_staleness > 0:  # samples of older weights: the off-policy correction is on unless set
         algorithm = replace(algorithm, tis_cap=a.tis_cap or ASYNC_TIS_CAP,

@@ -194,10 +194,11 @@ class RLController:
         if self.channel == "adapter":
             self.rollout.load_adapter(self.policy.export_adapter())
         else:
-            sync_weights(self.policy.actors, self.rollout)
-            self.syncs += 1
             every = self.cfg.rollout.verify_sync_every
-            if every and self.syncs % every == 0 and self.channel in ("ipc", "broadcast"):
+            checked = bool(every) and (self.syncs + 1) % every == 0 and self.channel in ("ipc", "broadcast")
+            sync_weights(self.policy.actors, self.rollout, fingerprint=checked)  # only checked syncs fingerprint
+            self.syncs += 1
+            if checked:
                 from rollout.sync.check import verify_sync
                 self.verified = verify_sync(self.policy.actors, self.rollout, self.channel)
 

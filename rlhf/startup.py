@@ -152,25 +152,27 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
     from actors.reference import ReferenceModel
     from actors.reward_model import RewardModel
 
-    m = cfg.model
+    m, tr = cfg.model, cfg.trainer
+    # scorers cut their micro-batches as the trainer does: its row count, or its padded-token budget
+    sizes = dict(micro_batch_size=tr.micro_batch_size, max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch)
     reward_model = (Replicas(RewardModel, "reward model", placement.options["reward"],
-                             ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **common)
+                             ensure_model(cfg.reward.model_path, m.tiny, cfg.output_dir, cfg.seed), **sizes, **common)
                     if "reward" in ranks else None)
+    scoring = dict(logprob_temperature=logprob_temperature(cfg), chunked_logprobs=tr.chunked_logprobs, **sizes)
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
-                          logprob_temperature=logprob_temperature(cfg), precision=cfg.trainer.precision,
-                          chunked_logprobs=cfg.trainer.chunked_logprobs, **common)
+                          precision=tr.precision, **scoring, **common)
                  if "reference" in ranks else None)
     # (teacher.path was checked against the student by the controller, before Ray started: teacher_model)
-    teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path,
-                        logprob_temperature=logprob_temperature(cfg),
-                        chunked_logprobs=cfg.trainer.chunked_logprobs, **common)
+    teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path, **scoring,
+                        **common)
                if "teacher" in ranks else None)
     return reward_model, reference, teacher
 
 
 def teacher_model(cfg: RunConfig, student: str) -> str:
-    """teacher.path, checked: a model folder whose vocabulary is the student's (its log-probs are read on the
-    student's token ids)."""
+    """teacher.path, checked: a model folder with the student's tokenizer (its log-probs are read on the student's
+    token ids) and at least as many embedding rows (the student may sample any of its rows; a larger model of the
+    same family often pads more: Qwen2.5-7B has 152,064 rows to 0.5B's 151,936)."""
     import json
     import os
 
@@ -182,8 +184,34 @@ def teacher_model(cfg: RunConfig, student: str) -> str:
     for folder in (path, student):
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
             sizes.append(json.load(f).get("vocab_size"))
-    if sizes[0] != sizes[1]:
-        raise UserError(f"teacher.path = {path!r}: its vocabulary has {sizes[0]} tokens, the student's "
-                        f"({student}) {sizes[1]}; distillation reads the teacher on the student's token ids, so both "
-                        "need the same tokenizer")
+    vocabs = [_vocab(folder, name, cfg.model.trust_remote_code)
+              for folder, name in ((path, "teacher.path"), (student, "model.path"))]
+    if vocabs[0] != vocabs[1]:
+        differ = sorted(set(vocabs[0].items()) ^ set(vocabs[1].items()))[:3]
+        raise UserError(f"teacher.path = {path!r}: its tokenizer is not the student's ({student}; e.g. "
+                        f"{differ}); distillation reads the teacher on the student's token ids, so both need the same "
+                        "tokenizer")
+    if None not in sizes and sizes[0] < sizes[1]:
+        raise UserError(f"teacher.path = {path!r}: its embedding has {sizes[0]} rows, the student's ({student}) "
+                        f"{sizes[1]}; a student token beyond the teacher's rows could not be scored. Use a teacher "
+                        "with at least the student's vocab_size")
     return path
+
+
+def _vocab(folder: str, key: str, trust_remote_code: bool) -> dict[str, int]:
+    import os
+
+    from transformers import AutoTokenizer
+
+    from common.errors import UserError
+    fix = "distillation compares the teacher's and the student's tokenizers, so the folder needs its tokenizer files"
+    if not any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES):
+        raise UserError(f"{key} = {folder!r}: no tokenizer loads from it (none of {', '.join(TOKENIZER_FILES)}); "
+                        + fix)
+    try:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code).get_vocab()
+    except (OSError, ValueError) as e:
+        raise UserError(f"{key} = {folder!r}: no tokenizer loads from it ({type(e).__name__}: {e}); " + fix) from None
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")

@@ -134,9 +134,9 @@ class HFEngine:
         from rollout.sync import WeightReceiver
         self._receiver = WeightReceiver(endpoint)
 
-    def receive_weights(self) -> int:
+    def receive_weights(self, fingerprint: bool = True) -> int:
         """One sync over that channel, copied in as it arrives. Returns #tensors."""
-        return self.update_weights(self._receiver.receive())
+        return self.update_weights(self._receiver.receive(fingerprint))
 
     def sync_fingerprints(self) -> dict:
         """What reached the model in the last sync, fingerprinted (with verification on; rollout.sync.check)."""

@@ -131,9 +131,9 @@ class VLLMEngine:
         """Join the trainer -> engines channel (rollout.sync.setup_sync), inside vLLM's worker."""
         self.llm.collective_rpc("rlhf_open_receiver", args=(endpoint,))
 
-    def receive_weights(self) -> int:
+    def receive_weights(self, fingerprint: bool = True) -> int:
         """One sync: every bucket streamed into vLLM's reload as it arrives, then the prefix cache dropped."""
-        n = self.llm.collective_rpc("rlhf_receive")[0]
+        n = self.llm.collective_rpc("rlhf_receive", args=(fingerprint,))[0]
         self._reloaded()
         return n
 

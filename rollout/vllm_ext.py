@@ -14,9 +14,9 @@ class WeightSyncExtension:
         """Join the trainer -> engines channel (rollout.sync.WeightReceiver, the HF engine's too)."""
         self._rlhf_receiver = WeightReceiver(endpoint)
 
-    def rlhf_receive(self) -> int:
+    def rlhf_receive(self, fingerprint: bool = True) -> int:
         """One sync, streamed into the reload bucket by bucket. Returns #tensors."""
-        return self._rlhf_reload(self._rlhf_receiver.receive())
+        return self._rlhf_reload(self._rlhf_receiver.receive(fingerprint))
 
     def rlhf_fingerprints(self) -> dict:
         """The last sync's received tensors, fingerprinted (with verification on): name -> [plain, weighted]."""

@@ -67,3 +67,19 @@ def test_even_spans_cover_the_rows_in_order_with_sizes_one_apart():
     assert even_spans(10, 3) == [(0, 0, 3), (1, 3, 6), (2, 6, 10)]
     assert even_spans(2, 4) == [(1, 0, 1), (3, 1, 2)]  # empty parts are left out
     assert even_spans(0, 2) == []
+
+
+def test_a_shipped_shard_carries_its_own_rows_only(ray_local):
+    """A row slice is a view, and pickling a view writes its whole storage: each rank would receive the batch."""
+    import pickle
+
+    import ray
+
+    from common.batch import shards
+    from common.remote import ship
+    batch = {"input_ids": torch.arange(64 * 100).view(64, 100), "mask": torch.ones(64, 100, dtype=torch.bool)}
+    assert len(pickle.dumps(split_batch(batch, 8)[0])) > 0.9 * len(pickle.dumps(batch))  # why compact exists
+    assert len(pickle.dumps(shards(batch, 8)[0])) < 0.2 * len(pickle.dumps(batch))
+    got = ray.get(ship(batch, 4).refs[1])
+    assert torch.equal(got["input_ids"], batch["input_ids"][16:32])
+    assert got["input_ids"].untyped_storage().nbytes() == got["input_ids"].nbytes

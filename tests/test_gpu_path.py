@@ -164,3 +164,24 @@ def test_deepspeed_config_keeps_torchs_linear():
 
     assert deepspeed_config(TrainerConfig(zero_stage=3), "bfloat16", 1)["zero_optimization"][
         "memory_efficient_linear"] is False
+
+
+def test_split_placement_refuses_offloading_and_gives_engines_their_whole_gpu():
+    """Under split nothing shares a GPU: offloading the trainer only costs time, and an engine left at the
+    colocated half of its GPU idles the other half."""
+    from rlhf.config_resolve import resolved
+
+    def split(**rollout) -> RunConfig:
+        cfg = _gpu_rl(zero_stage=1)
+        cfg.placement.mode, cfg.placement.num_gpus = "split", 2
+        for k, v in rollout.items():
+            setattr(cfg.rollout, k, v)
+        return cfg
+    offloaded = split()
+    offloaded.trainer.offload = True
+    assert [p for p in validate(offloaded) if p.startswith("trainer.offload") and "placement.mode=split" in p]
+    assert not validate(split())
+    assert resolved(split()).rollout.gpu_memory_utilization == 0.9
+    assert resolved(_gpu_rl()).rollout.gpu_memory_utilization == 0.5  # colocated: beside a trainer
+    assert resolved(split(gpu_memory_utilization=0.7)).rollout.gpu_memory_utilization == 0.7
+    assert [p for p in validate(split(gpu_memory_utilization=1.5)) if p.startswith("rollout.gpu_memory_utilization")]

@@ -14,26 +14,45 @@ def test_roles_follow_the_config():
     assert role_ranks(lora, needs_critic=False) == {"policy": 1, "rollout": 1}  # the adapter-off policy is the ref
 
 
-def test_opd_hosts_a_teacher_whose_vocabulary_is_the_students(tmp_path, tiny_model_dir):
+def test_opd_hosts_a_teacher_whose_tokenizer_is_the_students(tmp_path, tiny_model_dir):
     import json
     import shutil
 
     from common.errors import UserError
     from rlhf.startup import teacher_model
 
+    def teacher(name: str, vocab_rows: int = 0, swap: bool = False) -> str:
+        """A copy of the tiny model with `vocab_rows` more embedding rows, or two of its tokens' ids swapped."""
+        out = tmp_path / name
+        shutil.copytree(tiny_model_dir, out)
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + vocab_rows}))
+        if swap:
+            tok = json.loads((out / "tokenizer.json").read_text())
+            vocab = tok["model"]["vocab"]
+            a, b = list(vocab)[10:12]
+            vocab[a], vocab[b] = vocab[b], vocab[a]
+            (out / "tokenizer.json").write_text(json.dumps(tok))
+        return str(out)
+
+    def check(path: str) -> str:
+        return teacher_model(load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={path}"]),
+                             str(tiny_model_dir))
     cfg = load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={tmp_path / 'nowhere'}"])
     assert role_ranks(cfg, needs_critic=False) == {"policy": 1, "rollout": 1, "teacher": 1}
     with pytest.raises(UserError, match="teacher.path = .*nowhere.*: no config.json there"):
         teacher_model(cfg, str(tiny_model_dir))
-    other = tmp_path / "other"
-    shutil.copytree(tiny_model_dir, other)
-    config = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
-    cfg = load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={other}"])
-    with pytest.raises(UserError, match="need the same tokenizer"):
-        teacher_model(cfg, str(tiny_model_dir))
-    assert teacher_model(load_config(None, ["stage=rl", "algorithm.name=opd", f"teacher.path={tiny_model_dir}"]),
-                         str(tiny_model_dir)) == str(tiny_model_dir)
+    assert check(str(tiny_model_dir)) == str(tiny_model_dir)
+    bigger = teacher("bigger", vocab_rows=64)  # Qwen2.5-7B teaching 0.5B: the same tokenizer, more padding rows
+    assert check(bigger) == bigger
+    with pytest.raises(UserError, match="embedding has .* rows"):
+        check(teacher("smaller", vocab_rows=-8))
+    with pytest.raises(UserError, match="tokenizer is not the student's"):  # the same size, other ids
+        check(teacher("other", swap=True))
+    (tmp_path / "bare").mkdir()
+    shutil.copy(tiny_model_dir + "/config.json", tmp_path / "bare")
+    with pytest.raises(UserError, match="no tokenizer loads from it"):
+        check(str(tmp_path / "bare"))
 
 
 def _start_and_record(monkeypatch, tmp_path, tiny_model_dir, *overrides) -> list[str]:

@@ -103,13 +103,15 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
     return channel
 
 
-def sync_weights(trainers: list, group) -> int:
+def sync_weights(trainers: list, group, fingerprint: bool = True) -> int:
     """One full-weight sync over the channel `setup_sync` formed: every trainer rank exports (ZeRO-3 gathers are
     collective) and sends, every engine reloads and drops its prefix cache, at once (they block on each other).
     Returns the payload bytes of trainer rank 0. Engines hosted by the trainer ranks (`local`) receive inside
-    their rank's send."""
+    their rank's send. `fingerprint`: with a channel formed to verify, whether this sync records fingerprints
+    (only the syncs rollout.verify_sync_every compares need them)."""
     receivers = [] if group.in_trainers else group.engines
     from rollout.group import BASE_TIMEOUT_S, TIMEOUT_HINT
-    refs = [t.send_weights.remote() for t in trainers] + [e.receive_weights.remote() for e in receivers]
+    refs = ([t.send_weights.remote(fingerprint) for t in trainers]
+            + [e.receive_weights.remote(fingerprint) for e in receivers])
     return ray_get(refs, group.timeout_s or BASE_TIMEOUT_S, _trainer_roles(trainers) + group.roles[:len(receivers)],
                    TIMEOUT_HINT)[0]

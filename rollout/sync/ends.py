@@ -49,10 +49,11 @@ class WeightSender:
         if self.ipc is not None:
             self.ipc.opened()
 
-    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> int:
-        """Payload bytes sent (0 on a rank that feeds no engine)."""
+    def send(self, named: Iterator[tuple[str, torch.Tensor]], fingerprint: bool = True) -> int:
+        """Payload bytes sent (0 on a rank that feeds no engine). `fingerprint`: record this sync's fingerprints
+        (when the channel verifies)."""
         self.fingerprints = {}
-        if self.verify and (self.group is not None or self.ipc is not None):
+        if self.verify and fingerprint and (self.group is not None or self.ipc is not None):
             named = recorded(named, self.fingerprints)
         if self.group is not None:
             return send_weights(self.group, named, self.plan)
@@ -85,9 +86,9 @@ class WeightReceiver:
             store = connect_store(e["host"], e["port"], is_master=False)
             self.group, self.ipc = None, IpcReceiver(store, e["src"], e["engine"], e["handles"])
 
-    def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(self, fingerprint: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The named tensors of one sync, bucket by bucket as they arrive (in memory the consumer may keep);
-        fingerprinted as they pass when verifying."""
+        fingerprinted as they pass when verifying and `fingerprint`."""
         self.fingerprints = {}
         named = receive_weights(self.group, self.plan) if self.group is not None else self.ipc.receive(self.plan)
-        return recorded(named, self.fingerprints) if self.verify else named
+        return recorded(named, self.fingerprints) if self.verify and fingerprint else named

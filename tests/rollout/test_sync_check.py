@@ -66,6 +66,9 @@ def test_a_damaged_tensor_stops_the_run_and_is_named(ray_local, tiny_model_dir):
         with pytest.raises(TrainingStopped, match=f"rollout engine 0 received '{name}' with other contents than "
                                                   "policy trainer 0 sent"):
             verify_sync([trainer], group, "ipc")
+        sync_weights([trainer], group, fingerprint=False)  # a sync verify_sync_every does not check costs nothing
+        assert ray_get([trainer.sync_fingerprints.remote(), group.engines[0].sync_fingerprints.remote()], 60,
+                       ["trainer", "engine"]) == [{}, {}]
     finally:
         group.shutdown()
         ray_local.kill(trainer)
