@@ -18,7 +18,7 @@ from common.batch import Batch, budget_grouped, first_target, length_grouped, ma
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, unpack_rows
-from common.prefix_sharing import gather_rows, group_unit, layer_masks, share_prefixes
+from common.prefix_sharing import forward_cost, gather_rows, group_unit, layer_masks, share_prefixes
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -87,8 +87,11 @@ class DSModel:
             base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.trims_logits = takes_logits_to_keep(model)  # logits only from a micro-batch's first trained token
-        # sdpa takes a bool 4D mask as it is; eager attention adds its mask to the scores
-        self.bool_mask = getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+        # the shared-prefix mask: additive, in the dtype attention computes in (one tensor every layer uses as it
+        # is; a bool mask would be converted, and kept for the backward, by every layer)
+        self.mask_dtype = {"bf16-true": torch.bfloat16, "bf16-mixed": torch.bfloat16,
+                           "fp16-true": torch.float16}.get(self.precision, torch.float32)
+        self.cost = forward_cost(model, self.mask_dtype) if self.shared_prefix else None
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapter only
         optimizer = make_optimizer(trainable, tr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
@@ -136,8 +139,9 @@ class DSModel:
                 return HeadOutput(self._forward(mb).logits, self.head)
 
     def _forward(self, mb: Batch):
-        if self.shared_prefix and "loss_mask" in mb:
-            return self._shared_forward(mb)
+        if self.shared_prefix and "loss_mask" in mb and self.cost.sharing_pays(
+                *(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask"))):
+            return self._shared_forward(mb)  # else (long continuations, a group of one) the padded forward
         if not self.packing:
             return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                                **keep_kwargs(mb, self.trims_logits))
@@ -150,8 +154,7 @@ class DSModel:
         (common.prefix_sharing); the output comes back in the padded layout from the first trained position on."""
         layout = share_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
         start = first_target(mb["loss_mask"]) if self.trims_logits else 0
-        dtype = None if self.bool_mask else next(self.module.parameters()).dtype
-        mask = layer_masks(layout, getattr(self.module, "config", None), dtype, self.device)
+        mask = layer_masks(layout, getattr(self.module, "config", None), self.mask_dtype, self.device)
         keep = {"logits_to_keep": layout.width - start} if self.trims_logits else {}
         out = self.engine(input_ids=layout.input_ids.to(self.device), position_ids=layout.position_ids.to(self.device),
                           attention_mask=mask, use_cache=False, **keep)

@@ -98,7 +98,8 @@ def measure_one(model: str, completion: int, group: int, path: str) -> dict:
     folder = model_dir(model)
     chunked = path.startswith("chunked")
     tr = TrainerConfig(lr=1e-5, batch_size=group, micro_batch_size=group, warmup_steps=0,
-                       chunked_logprobs=chunked, gradient_checkpointing=path.endswith("+gc"))
+                       chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
+                       shared_prefix="+shared" in path)
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group)
     with Peak() as step:
@@ -140,7 +141,8 @@ def main() -> None:
     p.add_argument("--models", default="tiny-152k,smollm2")
     p.add_argument("--lengths", default="256,1024,4096,8192")
     p.add_argument("--paths", default="full,chunked,chunked+gc",
-                   help="full logits (before), chunked_logprobs, chunked + trainer.gradient_checkpointing")
+                   help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
+                        "trainer.shared_prefix (+shared)")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--cap-gib", type=float, default=12.0)
     a = p.parse_args()

@@ -53,6 +53,44 @@ def group_unit(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask:
     return size if contiguous and all(len(g) == size for g in groups) else 1
 
 
+@dataclass(frozen=True)
+class ForwardCost:
+    """What one forward of a decoder costs, to compare layouts: `token_flops` per token (2 x its weights'
+    parameters), `attention_flops` per (query, key) pair (4 x hidden x layers: scores and the weighted sum, dense
+    however the mask is), `mask_bytes` per (query, key) pair of the shared layout's 4D mask."""
+    token_flops: float
+    attention_flops: float
+    mask_bytes: int
+
+    def sharing_pays(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                     max_mask_bytes: int = 256 * 2**20) -> bool:
+        """Whether the shared layout of these rows costs less than their padded forward, and its mask (one
+        (R, 1, N, N) tensor for every layer) fits `max_mask_bytes`. Prompt-heavy groups gain (the prompt once);
+        long continuations lose (G of them in one row: G^2 times the attention pairs of one padded row each), and
+        so does a group of one."""
+        rows, width = input_ids.shape
+        used = int(attention_mask.any(0).nonzero().max()) + 1 if attention_mask.any() else 1
+        lengths = attention_mask.sum(1).tolist()
+        cuts = prefix_lengths(attention_mask, loss_mask).tolist()
+        sizes = [cuts[g[0]] + sum(lengths[b] - cuts[b] for b in g) for g in prefix_groups(input_ids, cuts)]
+        n = max(sizes)
+        shared = self.token_flops * len(sizes) * n + self.attention_flops * len(sizes) * n * n
+        padded = self.token_flops * rows * used + self.attention_flops * rows * used * used
+        return shared < padded and len(sizes) * n * n * self.mask_bytes <= max_mask_bytes
+
+
+def forward_cost(model: torch.nn.Module, mask_dtype: torch.dtype) -> ForwardCost:
+    """`ForwardCost` of a transformers causal LM (or a PEFT wrapper of one) from its config and weights. The
+    embedding is a lookup, and the LM head runs on the trained positions only, the same ones in either layout: neither
+    counts. (ZeRO-3 partitions parameters: their full size is `ds_numel`.)"""
+    config = model.config
+    ends = [m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None]
+    skip = {id(w) for w in ends}
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if id(p) not in skip)
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    return ForwardCost(2.0 * params, 4.0 * hidden * layers, torch.finfo(mask_dtype).bits // 8)
+
+
 def share_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> SharedLayout:
     """The packed layout of right-padded rows. input_ids, attention_mask (B, W); loss_mask (B, W-1)."""
     lengths = attention_mask.sum(1).tolist()

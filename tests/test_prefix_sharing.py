@@ -112,3 +112,40 @@ def test_a_dpo_pair_shares_its_prompt_and_the_dpo_update_is_unchanged(tiny_model
             for c in (tr, replace(tr, shared_prefix=True))]
     for key in ("train/loss", "train/grad_norm", "dpo/reward_margin"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
+def test_sharing_is_chosen_only_where_it_costs_less_than_padding():
+    """The cost model behind the fall-back: prompt-heavy groups share (the real-model recipe's 57-token prompt and 4
+    samples of ~30 tokens), long continuations and groups of one take the padded forward, and so does a mask
+    over its byte budget."""
+    from common.prefix_sharing import ForwardCost
+
+    cost = ForwardCost(token_flops=2 * 100e6, attention_flops=4 * 576 * 30, mask_bytes=2)  # SmolLM2-135M's shape
+
+    def rows(prompt: int, completion: int, groups: int, size: int):
+        prompts = [[7 + g] * prompt for g in range(groups) for _ in range(size)]
+        return pack_sequences(prompts, [[9] * completion] * (groups * size), pad_id=0)
+
+    def pays(b, **kw) -> bool:
+        return cost.sharing_pays(b["input_ids"], b["attention_mask"], b["loss_mask"], **kw)
+    assert pays(rows(57, 30, groups=4, size=4))
+    assert not pays(rows(64, 1024, groups=1, size=8))  # 8 x 1k in one row: 8^2 the pairs of a padded row
+    assert not pays(rows(57, 30, groups=4, size=1))  # nothing to share
+    assert not pays(rows(57, 30, groups=4, size=4), max_mask_bytes=1000)
+
+
+def test_a_micro_batch_that_sharing_would_slow_takes_the_padded_forward(tiny_model_dir, monkeypatch):
+    from actors.ds_model import DSModel
+    from actors.policy import PolicyTrainer
+    from rlhf.config import TrainerConfig
+
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, shared_prefix=True)
+    trainer, padded = PolicyTrainer(tiny_model_dir, tr), PolicyTrainer(tiny_model_dir, replace(tr, shared_prefix=False))
+    calls = []
+    shared = DSModel._shared_forward
+    monkeypatch.setattr(DSModel, "_shared_forward", lambda self, mb: calls.append(1) or shared(self, mb))
+    short, long = grouped_batch(vocab=200), pack_sequences([[5] * 6] * 16, [[9] * 60] * 16, pad_id=0)
+    trainer.compute_logprobs(short)
+    assert len(calls) == 2  # both micro-batches shared their prompts
+    got = trainer.compute_logprobs(long)  # one 6-token prompt under 16 continuations of 60: padding is cheaper
+    assert len(calls) == 2 and torch.allclose(got, padded.compute_logprobs(long), atol=1e-5)
