@@ -83,11 +83,27 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
         try:
             ray.get(ready[0])
         except RayActorError as e:
-            raise WorkerDied(f"{role_of[ready[0]]} died: {e}", role_of[ready[0]], died=True) from None
+            raise WorkerDied(memory_hint(f"{role_of[ready[0]]} died: {e}"), role_of[ready[0]], died=True) from None
         except RayTaskError as e:
-            raise WorkerDied(f"{role_of[ready[0]]} raised {task_error_cause(e)}", role_of[ready[0]],
+            raise WorkerDied(memory_hint(f"{role_of[ready[0]]} raised {task_error_cause(e)}"), role_of[ready[0]],
                              raised=True) from None
     return ray.get(list(refs))
+
+
+MEMORY_HINT = ("it ran out of memory. What lowers it: trainer.max_tokens_per_micro_batch (or a smaller "
+               "trainer.micro_batch_size), trainer.gradient_checkpointing=true, trainer.chunked_logprobs=true, shorter "
+               "rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or trainer.offload=true; for a "
+               "rollout engine, rollout.max_model_len and its memory share (rollout.gpu_memory_utilization, "
+               "rollout.kv_cache_mb on CPU) (docs/configuration.md)")
+
+
+def memory_hint(message: str) -> str:
+    """`message`, with what lowers memory added when it says a worker ran out of it (a CUDA OOM it raised, or
+    Ray's memory monitor killing it)."""
+    import re
+    if re.search(r"out of memory|OutOfMemory|memory pressure|\bOOM\b", message, re.IGNORECASE):
+        return f"{message}. {MEMORY_HINT}"
+    return message
 
 
 def init_ray() -> None:

@@ -8,6 +8,9 @@ from rlhf.loop import worker_died
 
 class Engine:
     def generate(self, n: int) -> int:
+        if n > 100:
+            import torch
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 38.00 GiB")
         if n > 8:
             raise ValueError(f"the prompt ({n} tokens) is longer than the maximum model length (8)")
         return n
@@ -27,6 +30,10 @@ def test_a_raised_error_names_its_cause_and_advises_no_rerun(ray_local):
         said = worker_died(e.value, None)
         assert "longer than the maximum model length" in said and "fix its cause first" in said
         assert "out of memory" not in said
+        with pytest.raises(WorkerDied) as e:  # running out of memory names what lowers it
+            ray_get([actor.generate.remote(1000)], 60, ["rollout engine 0"])
+        assert "OutOfMemoryError: CUDA out of memory" in str(e.value)
+        assert "trainer.max_tokens_per_micro_batch" in str(e.value) and "gradient_checkpointing" in str(e.value)
     finally:
         ray_local.kill(actor)
 
