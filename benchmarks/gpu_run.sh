@@ -8,5 +8,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1  # Ray keeps its token authentication (its default)
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-timeout 480 python3 benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+timeout 420 python3 benchmarks/gpu_check.py --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log" || true
+# long completions on the GPU: max_memory_allocated and seconds, full logits against chunked log-probs (+ checkpointing)
+timeout 100 python3 benchmarks/long_sequences.py --models tiny-152k --lengths 4096,16384 --paths full,chunked,chunked+gc \
+  2>&1 | tee "$OUT/long_sequences.log" || true
 rm -rf "$OUT/models"  # the 0.5B-shaped weights need not come back
