@@ -4,8 +4,9 @@ the log-probs from full logits against trainer.chunked_logprobs (actors.logits.D
     python benchmarks/long_sequences.py [--models tiny-152k,smollm2] [--lengths 256,1024,4096,8192] [--group 8]
                                         [--cap-gib 12] [--paths full,chunked,chunked+gc]
 
-One group of `--group` completions of each length after one 64-token prompt, in one micro-batch (as a user with
-micro_batch_size = group size would run it), bf16 weights (trainer.precision bf16-true). `tiny-152k` is the tiny
+One group of `--group` completions of each length after one 64-token prompt (`--groups` of them), in one
+micro-batch (as a user with micro_batch_size = the rows would run it), bf16 weights (trainer.precision bf16-true).
+`--lengths 32 --group 4 --groups 4 --paths full+shared,chunked+shared` is the real-model recipe's micro-batch. `tiny-152k` is the tiny
 Qwen2 with Qwen2.5's vocabulary (151,936 rows: the head dominates); `smollm2` the real SmolLM2-135M-Instruct. Each
 measurement runs in a process of its own; its peak extra memory is the growth of the process's peak RSS over what
 it held after loading (CPU; on a GPU `max_memory_allocated`). A process that grows past --cap-gib is stopped and
@@ -47,15 +48,16 @@ def model_dir(name: str) -> str:
     return out
 
 
-def group_batch(vocab: int, completion: int, group: int):
+def group_batch(vocab: int, completion: int, group: int, groups: int = 1):
+    """`groups` prompts of PROMPT tokens, each with `group` completions of `completion` tokens."""
     import torch
 
     from common.batch import pack_sequences
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(10, vocab, (PROMPT,), generator=g).tolist()
-    completions = [torch.randint(10, vocab, (completion,), generator=g).tolist() for _ in range(group)]
-    batch = pack_sequences([prompt] * group, completions, pad_id=0)
-    batch["advantages"] = torch.randn(group, 1, generator=g) * batch["loss_mask"]
+    prompts = [torch.randint(10, vocab, (PROMPT,), generator=g).tolist() for _ in range(groups)]
+    completions = [torch.randint(10, vocab, (completion,), generator=g).tolist() for _ in range(group * groups)]
+    batch = pack_sequences([p for p in prompts for _ in range(group)], completions, pad_id=0)
+    batch["advantages"] = torch.randn(group * groups, 1, generator=g) * batch["loss_mask"]
     return batch
 
 
@@ -89,7 +91,7 @@ class Peak:
         raise KeyError(key)
 
 
-def measure_one(model: str, completion: int, group: int, path: str) -> dict:
+def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1) -> dict:
     """In this process: one rl_step and one reference pass of the group; seconds and peak extra bytes of each."""
     from actors.policy import PolicyTrainer
     from actors.reference import ReferenceModel
@@ -97,26 +99,27 @@ def measure_one(model: str, completion: int, group: int, path: str) -> dict:
 
     folder = model_dir(model)
     chunked = path.startswith("chunked")
-    tr = TrainerConfig(lr=1e-5, batch_size=group, micro_batch_size=group, warmup_steps=0,
+    rows = group * groups
+    tr = TrainerConfig(lr=1e-5, batch_size=rows, micro_batch_size=rows, warmup_steps=0,
                        chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
                        shared_prefix="+shared" in path)
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
-    batch = group_batch(trainer.model.config.vocab_size, completion, group)
+    batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     with Peak() as step:
         trainer.rl_step(batch, AlgorithmConfig())
     del trainer
-    reference = ReferenceModel(folder, "bfloat16", micro_batch_size=group, chunked_logprobs=chunked)
+    reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked)
     with Peak() as ref:
         reference.compute_logprobs(batch)
     return dict(step_s=step.seconds, step_gib=step.extra / 2**30, ref_s=ref.seconds, ref_gib=ref.extra / 2**30)
 
 
-def run_one(model: str, completion: int, group: int, path: str, cap: float) -> dict:
+def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1) -> dict:
     """`measure_one` in a child process, stopped if its RSS passes `cap` GiB."""
     import psutil
 
     code = (f"import json; from benchmarks.long_sequences import measure_one; "
-            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r})))")
+            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, {groups})))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched, over = psutil.Process(proc.pid), False
@@ -144,15 +147,16 @@ def main() -> None:
                    help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
                         "trainer.shared_prefix (+shared)")
     p.add_argument("--group", type=int, default=8)
+    p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")
     p.add_argument("--cap-gib", type=float, default=12.0)
     a = p.parse_args()
     table = []
     for model in a.models.split(","):
         for length in [int(x) for x in a.lengths.split(",")]:
-            got = {path: run_one(model, length, a.group, path, a.cap_gib) for path in a.paths.split(",")}
+            got = {path: run_one(model, length, a.group, path, a.cap_gib, a.groups) for path in a.paths.split(",")}
             for path, r in got.items():
                 print(json.dumps(dict(model=model, completion=length, path=path, **r)), flush=True)
-                base = got.get("full", {})
+                base = next(iter(got.values()))  # the first path is the baseline (today's: full)
                 if "failed" in r:
                     table.append([model, length, path, r["failed"], "", "", "", ""])
                     continue
@@ -160,7 +164,7 @@ def main() -> None:
                          if "step_s" in base else "-")
                 table.append([model, length, path, r["step_s"], r["step_gib"], r["ref_s"], r["ref_gib"], ratio])
     print_table(["model", "completion tokens", "log-probs", "train step s", "step peak extra GiB", "reference s",
-                 "reference peak extra GiB", "step s / GiB vs full"], table)
+                 "reference peak extra GiB", "step s / GiB vs the first"], table)
 
 
 if __name__ == "__main__":

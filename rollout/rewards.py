@@ -70,7 +70,9 @@ def final_answer(answer) -> str:
 def math_reward(prompts: Sequence, completions: Sequence[str], answer: Sequence = None, **_) -> list[float]:
     """1.0 when the completion's final answer (its last `\\boxed{}`, else the last number or expression) equals
     the ground truth mathematically (Hugging Face's math-verify: 0.5 == \\frac{1}{2}), else 0.0. The ground truth
-    is the row's `answer` (`data.answer_key`), GSM8K's `#### 42` form included."""
+    is the row's `answer` (`data.answer_key`), GSM8K's `#### 42` form included. Where the ground truth is a number,
+    the final answer must be one too (a fraction counts): math-verify alone scores an unevaluated `12 - 8` as 4,
+    and a policy learns to leave its sums undone (seen: a LoRA run reached 100% by writing every answer that way)."""
     import threading
 
     from math_verify import parse, verify
@@ -85,8 +87,27 @@ def math_reward(prompts: Sequence, completions: Sequence[str], answer: Sequence 
         gold = final_answer(truth)
         gold_parsed = parse(gold if "$" in gold or "\\boxed" in gold else f"${gold}$", parsing_timeout=limit)
         pred = parse(completion, parsing_timeout=limit)
+        if gold_parsed and pred and is_number(gold_parsed[0]) and not is_number(pred[0]):
+            out.append(0.0)  # an expression left for the grader to evaluate is not the answer
+            continue
         out.append(1.0 if gold_parsed and pred and verify(gold_parsed, pred, timeout_seconds=limit) else 0.0)
     return out
+
+
+def is_number(value) -> bool:
+    """A sympy value written as a number: an integer, decimal or fraction (a/b, \\frac{a}{b}), signed or not; not
+    an expression such as 12 - 8 or 3 * 4, which sympy keeps unevaluated as math-verify parses it."""
+    import sympy
+    if not isinstance(value, sympy.Basic):
+        return False
+    if value.is_Number:
+        return True
+    if isinstance(value, sympy.Mul) and len(value.args) == 2:  # -5 as -1 * 5, a/b as a * b^-1 (3 * 4 is not)
+        a, b = value.args
+        negated = a == -1 and b.is_Number
+        fraction = a.is_Integer and isinstance(b, sympy.Pow) and b.base.is_Integer and b.exp == -1
+        return bool(negated or fraction)
+    return False
 
 
 def guess_reward(prompts: list, completions: list[str], secret: list, **_) -> list[float]:

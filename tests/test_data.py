@@ -242,3 +242,8 @@ def test_math_reward_verifies_the_final_answer():
     assert math_reward([""] * 5, completions, answer=answers) == [1.0, 1.0, 0.0, 1.0, 0.0]
     with pytest.raises(UserError, match="data.answer_key"):
         math_reward(["p"], ["1"])
+    # a number is answered with a number: a sum left undone scored 1.0 under math-verify alone (a policy learned it)
+    undone = ["so there are 12 - 8 apples left.", "\\boxed{12-4}", "3 * 4", "12 - 8 = 4 apples", "x = 1/2",
+              "-3/4", "\\boxed{x^2+1}"]
+    assert math_reward([""] * 7, undone, answer=["4", "8", "12", "4", "0.5", "-0.75", "x^2+1"]) == [
+        0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
