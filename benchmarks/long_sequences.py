@@ -80,8 +80,8 @@ class Peak:
     def __exit__(self, *exc):
         import torch
         self.seconds = time.perf_counter() - self.start
-        top = torch.cuda.max_memory_allocated() if self.gpu else self._status("VmHWM")
-        self.extra = top - self.base
+        self.top = torch.cuda.max_memory_allocated() if self.gpu else self._status("VmHWM")
+        self.extra = self.top - self.base
 
     @staticmethod
     def _status(key: str) -> int:
@@ -111,7 +111,8 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
     reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked)
     with Peak() as ref:
         reference.compute_logprobs(batch)
-    return dict(step_s=step.seconds, step_gib=step.extra / 2**30, ref_s=ref.seconds, ref_gib=ref.extra / 2**30)
+    return dict(step_s=step.seconds, step_gib=step.extra / 2**30, step_total_gib=step.top / 2**30,
+                ref_s=ref.seconds, ref_gib=ref.extra / 2**30)
 
 
 def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1) -> dict:
@@ -158,12 +159,14 @@ def main() -> None:
                 print(json.dumps(dict(model=model, completion=length, path=path, **r)), flush=True)
                 base = next(iter(got.values()))  # the first path is the baseline (today's: full)
                 if "failed" in r:
-                    table.append([model, length, path, r["failed"], "", "", "", ""])
+                    table.append([model, length, path, r["failed"], "", "", "", "", ""])
                     continue
                 ratio = (f"{r['step_s'] / base['step_s']:.2f} / {r['step_gib'] / max(base['step_gib'], 1e-9):.2f}"
                          if "step_s" in base else "-")
-                table.append([model, length, path, r["step_s"], r["step_gib"], r["ref_s"], r["ref_gib"], ratio])
-    print_table(["model", "completion tokens", "log-probs", "train step s", "step peak extra GiB", "reference s",
+                table.append([model, length, path, r["step_s"], r["step_gib"], r["step_total_gib"], r["ref_s"],
+                              r["ref_gib"], ratio])
+    print_table(["model", "completion tokens", "log-probs", "train step s", "step peak extra GiB",
+                 "trainer process peak GiB", "reference s",
                  "reference peak extra GiB", "step s / GiB vs the first"], table)
 
 
