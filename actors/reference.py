@@ -16,7 +16,7 @@ from common.options import precision_of
 class ReferenceModel:
     def __init__(self, model_path: str, dtype: str = "float32", micro_batch_size: int = 16,
                  trust_remote_code: bool = False, logprob_temperature: float = 1.0, precision: Optional[str] = None,
-                 chunked_logprobs: bool = True, max_tokens_per_micro_batch: Optional[int] = None):
+                 chunked_logprobs: bool = False, max_tokens_per_micro_batch: Optional[int] = None):
         """`logprob_temperature`: log-probs of softmax(logits / it), as the policy's (rollout.tempered_logprobs).
         `precision`: the policy's trainer.precision, so the reference computes what the policy's first forward does
         (a bf16-mixed policy's reference is fp32 under autocast too); null = by `dtype`. `chunked_logprobs`: from

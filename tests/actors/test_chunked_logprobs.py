@@ -155,3 +155,10 @@ def test_gradient_checkpointing_recomputes_the_layers_and_changes_no_gradient(ti
     assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-5)
     for name, g in grads[0].items():
         assert (grads[1][name] - g).abs().max() <= 1e-5 * g.abs().max() + 1e-9, name
+
+
+def test_the_deferred_head_runs_under_the_trainers_autocast(tiny_model_dir):
+    """Applied after the forward, outside its autocast: the head brings its own (bf16-mixed matmuls in bf16)."""
+    mixed = PolicyTrainer(tiny_model_dir, replace(TR, precision="bf16-mixed", chunked_logprobs=True), dtype="bfloat16")
+    out = mixed.ds(mixed.ds.on_device(grouped_batch(vocab=200)))
+    assert out.hidden.dtype == torch.float32 and out.head(out.hidden[0]).dtype == torch.bfloat16
