@@ -119,9 +119,7 @@ class RolloutConfig:
     max_new_tokens: int = 16  # the completion budget; a completion cut there has finish_reason "length"
     max_model_len: int = 256  # prompt + completion tokens an engine accepts (its KV cache is sized for it)
     kv_cache_mb: int = 64  # CPU KV cache size per engine
-    # each engine's share of its GPU (vLLM's own budget); null = 0.5 where it shares the GPU with the trainer
-    # (placement colocate, hybrid), 0.9 on a GPU of its own (split)
-    gpu_memory_utilization: Optional[float] = None
+    gpu_memory_utilization: Optional[float] = None  # an engine's GPU share; null = 0.5 beside a trainer, 0.9 split
     multiprocess: Optional[bool] = None  # vLLM's multiprocess engine core; null = on GPUs only (slow start on CPU)
     sync_bucket_mb: int = 64  # the weight sync's bucket size; a larger tensor is sent in parts
     # auto: ipc where every engine can map its trainer rank's memory (same host; on GPUs, the same GPU), else
