@@ -12,13 +12,14 @@ import torch
 
 from actors.dist import init_deepspeed_distributed
 from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
-from actors.logits import DeferredHead, HeadOutput, defers_head, keep_kwargs, takes_logits_to_keep
+from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from common.batch import Batch, budget_grouped, first_target, length_grouped, map_grouped, map_pieces, split_batch
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, unpack_rows
-from common.prefix_sharing import forward_cost, gather_rows, group_unit, layer_masks, share_prefixes
+from common.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks, plan_prefixes,
+                                   share_prefixes)
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -102,8 +103,7 @@ class DSModel:
         self.device, self.offloaded = self.engine.device, False
         self.engine.train()  # from_pretrained leaves eval mode, in which gradient checkpointing is off
         fresh_adam(optimizer)
-        self.head = (DeferredHead(self.module, self.precision, self.device)
-                     if defer_head and defers_head(self.module) is None else None)
+        self.head = DeferredHead.attach(self.module, defer_head, self.precision, self.device)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
@@ -139,9 +139,10 @@ class DSModel:
                 return HeadOutput(self._forward(mb).logits, self.head)
 
     def _forward(self, mb: Batch):
-        if self.shared_prefix and "loss_mask" in mb and self.cost.sharing_pays(
-                *(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask"))):
-            return self._shared_forward(mb)  # else (long continuations, a group of one) the padded forward
+        if self.shared_prefix and "loss_mask" in mb:
+            plan = plan_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
+            if self.cost.sharing_pays(plan):
+                return self._shared_forward(mb, plan)  # else (long continuations, a group of one) the padded one
         if not self.packing:
             return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                                **keep_kwargs(mb, self.trims_logits))
@@ -149,10 +150,10 @@ class DSModel:
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 
-    def _shared_forward(self, mb: Batch) -> PackedOutput:
+    def _shared_forward(self, mb: Batch, plan: PrefixPlan) -> PackedOutput:
         """trainer.shared_prefix: rows with the same prompt as one row, the prompt computed once
         (common.prefix_sharing); the output comes back in the padded layout from the first trained position on."""
-        layout = share_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
+        layout = share_prefixes(mb["input_ids"].cpu(), plan)
         start = first_target(mb["loss_mask"]) if self.trims_logits else 0
         mask = layer_masks(layout, getattr(self.module, "config", None), self.mask_dtype, self.device)
         keep = {"logits_to_keep": layout.width - start} if self.trims_logits else {}

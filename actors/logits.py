@@ -98,6 +98,13 @@ class DeferredHead:
         self.deferred, self._forward = False, self.module.forward
         self.module.forward = self._call  # an instance attribute: the class's forward is untouched
 
+    @classmethod
+    def attach(cls, model: torch.nn.Module, wanted: bool, precision: str,
+               device: torch.device) -> Optional["DeferredHead"]:
+        """The deferred head of `model` where it is wanted (trainer.chunked_logprobs) and possible (`defers_head`),
+        else None: such a model computes its full logits as before."""
+        return cls(model, precision, device) if wanted and defers_head(model) is None else None
+
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """The logits of `hidden` (n, H) -> (n, V), as the model's own forward computes them."""
         with autocast(self.precision, self.device):

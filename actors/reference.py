@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from actors.dist import releases_gpu_cache
-from actors.logits import DeferredHead, HeadOutput, defers_head, keep_kwargs, shifted_logprobs, takes_logits_to_keep
+from actors.logits import DeferredHead, HeadOutput, keep_kwargs, shifted_logprobs, takes_logits_to_keep
 from common.batch import Batch, map_grouped
 from common.dtypes import autocast, weights_dtype
 from common.options import precision_of
@@ -33,8 +33,7 @@ class ReferenceModel:
         self.micro_batch_size, self.temperature = micro_batch_size, logprob_temperature
         self.max_tokens = max_tokens_per_micro_batch
         self.trims_logits = takes_logits_to_keep(self.model)
-        chunked = chunked_logprobs and defers_head(self.model) is None
-        self.head = DeferredHead(self.model, self.precision, self.device) if chunked else None
+        self.head = DeferredHead.attach(self.model, chunked_logprobs, self.precision, self.device)
 
     @releases_gpu_cache
     @torch.no_grad()

@@ -88,13 +88,25 @@ def trl_style_grads(model_dir: str, batch, adapter: dict) -> dict:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
+def summed_gradients(model) -> dict:
+    """name -> each trained parameter's gradient summed over the step's micro-batches, filled in as the backward
+    runs (the step's optimizer zeroes .grad before the caller could read it)."""
+    grads: dict = {}
+
+    def keep(g, name):
+        grads[name] = grads.get(name, 0) + g.detach().clone()
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g, name=name: keep(g, name))
+    return grads
+
+
 def our_grads(model_dir: str, batch, precision: str, adapter: dict | None) -> tuple[dict, dict]:
     """Our PolicyTrainer's adapter gradient on the same rows (the LoRA recipe's settings), and its adapter."""
     import torch
 
     from actors.policy import PolicyTrainer
     from rlhf.config import AlgorithmConfig, LoraConfig, TrainerConfig
-    from tests.actors.test_chunked_logprobs import gradients
 
     tr = TrainerConfig(lr=5e-4, batch_size=len(batch["input_ids"]), micro_batch_size=16, warmup_steps=0,
                        shared_prefix=True, precision=precision)
@@ -106,7 +118,7 @@ def our_grads(model_dir: str, batch, precision: str, adapter: dict | None) -> tu
                 if n in adapter:
                     p.copy_(adapter[n])
     state = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    grads = gradients(trainer)
+    grads = summed_gradients(trainer.model)
     ref = trainer.compute_ref_logprobs(batch)
     trainer.rl_step(dict(batch, ref_logprobs=ref), AlgorithmConfig(kl_coef=BETA, clip_low=0.2, clip_high=0.28))
     return grads, state

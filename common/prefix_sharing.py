@@ -62,21 +62,15 @@ class ForwardCost:
     attention_flops: float
     mask_bytes: int
 
-    def sharing_pays(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
-                     max_mask_bytes: int = 256 * 2**20) -> bool:
-        """Whether the shared layout of these rows costs less than their padded forward, and its mask (one
+    def sharing_pays(self, plan: "PrefixPlan", max_mask_bytes: int = 256 * 2**20) -> bool:
+        """Whether the shared layout of `plan`'s rows costs less than their padded forward, and its mask (one
         (R, 1, N, N) tensor for every layer) fits `max_mask_bytes`. Prompt-heavy groups gain (the prompt once);
         long continuations lose (G of them in one row: G^2 times the attention pairs of one padded row each), and
         so does a group of one."""
-        rows, width = input_ids.shape
-        used = int(attention_mask.any(0).nonzero().max()) + 1 if attention_mask.any() else 1
-        lengths = attention_mask.sum(1).tolist()
-        cuts = prefix_lengths(attention_mask, loss_mask).tolist()
-        sizes = [cuts[g[0]] + sum(lengths[b] - cuts[b] for b in g) for g in prefix_groups(input_ids, cuts)]
-        n = max(sizes)
-        shared = self.token_flops * len(sizes) * n + self.attention_flops * len(sizes) * n * n
+        r, n, rows, used = len(plan.groups), plan.width, len(plan.lengths), plan.used
+        shared = self.token_flops * r * n + self.attention_flops * r * n * n
         padded = self.token_flops * rows * used + self.attention_flops * rows * used * used
-        return shared < padded and len(sizes) * n * n * self.mask_bytes <= max_mask_bytes
+        return shared < padded and r * n * n * self.mask_bytes <= max_mask_bytes
 
 
 def forward_cost(model: torch.nn.Module, mask_dtype: torch.dtype) -> ForwardCost:
@@ -91,12 +85,31 @@ def forward_cost(model: torch.nn.Module, mask_dtype: torch.dtype) -> ForwardCost
     return ForwardCost(2.0 * params, 4.0 * hidden * layers, torch.finfo(mask_dtype).bits // 8)
 
 
-def share_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> SharedLayout:
-    """The packed layout of right-padded rows. input_ids, attention_mask (B, W); loss_mask (B, W-1)."""
+@dataclass(frozen=True)
+class PrefixPlan:
+    """Which of B right-padded rows share a prefix: what the cost check and the layout both need, found once."""
+
+    lengths: list[int]  # (B) each row's tokens
+    cuts: list[int]  # (B) each row's untrained prefix (`prefix_lengths`)
+    groups: list[list[int]]  # row indices by identical prefix (`prefix_groups`)
+    used: int  # the padded width the rows use (their longest length)
+
+    @property
+    def width(self) -> int:
+        """N, the packed row's width: the longest group's prefix and continuations."""
+        return max(self.cuts[g[0]] + sum(self.lengths[b] - self.cuts[b] for b in g) for g in self.groups)
+
+
+def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> PrefixPlan:
+    """input_ids, attention_mask (B, W); loss_mask (B, W-1)."""
     lengths = attention_mask.sum(1).tolist()
     cuts = prefix_lengths(attention_mask, loss_mask).tolist()
-    groups = prefix_groups(input_ids, cuts)
-    n = max(cuts[g[0]] + sum(lengths[b] - cuts[b] for b in g) for g in groups)
+    return PrefixPlan(lengths, cuts, prefix_groups(input_ids, cuts), max(max(lengths), 1))
+
+
+def share_prefixes(input_ids: torch.Tensor, plan: PrefixPlan) -> SharedLayout:
+    """The packed layout of right-padded rows input_ids (B, W), grouped by `plan`."""
+    lengths, cuts, groups, n = plan.lengths, plan.cuts, plan.groups, plan.width
     rows, width = input_ids.shape
     ids = torch.zeros((len(groups), n), dtype=input_ids.dtype)
     positions = torch.zeros((len(groups), n), dtype=torch.long)

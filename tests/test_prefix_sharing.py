@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from common.batch import pack_sequences
-from common.prefix_sharing import gather_rows, group_unit, share_prefixes
+from common.prefix_sharing import gather_rows, group_unit, plan_prefixes, share_prefixes
+
+
+def plan_of(batch: dict):
+    return plan_prefixes(*(batch[k] for k in ("input_ids", "attention_mask", "loss_mask")))
 
 
 def grouped_batch(groups=4, size=4, vocab=300, seed=0):
@@ -24,7 +28,7 @@ def test_rows_sharing_a_prompt_become_one_row_with_each_continuation_seeing_the_
     ids = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9], [4, 6, 7, 0]])  # rows 0 and 1 share the prompt 5 6
     mask = (ids != 0).long()
     loss_mask = torch.tensor([[False, True, False], [False, True, True], [False, True, False]])
-    lay = share_prefixes(ids, mask, loss_mask)
+    lay = share_prefixes(ids, plan_prefixes(ids, mask, loss_mask))
     assert lay.input_ids.tolist() == [[5, 6, 7, 8, 9], [4, 6, 7, 0, 0]]
     assert lay.position_ids.tolist() == [[0, 1, 2, 2, 3], [0, 1, 2, 0, 0]]
     allowed = lay.allowed[0, 0].int().tolist()
@@ -58,7 +62,7 @@ def test_a_shared_forward_gives_the_padded_logits_on_every_trained_position(tiny
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl).eval()
     batch = grouped_batch()
-    lay = share_prefixes(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    lay = share_prefixes(batch["input_ids"], plan_of(batch))
     assert lay.input_ids.shape[0] == 4 and lay.input_ids.numel() < batch["attention_mask"].sum()
     mask = lay.allowed if impl == "sdpa" else additive_mask(lay.allowed, torch.float32)
     out = model(input_ids=lay.input_ids, attention_mask=mask, position_ids=lay.position_ids, use_cache=False)
@@ -104,7 +108,7 @@ def test_a_dpo_pair_shares_its_prompt_and_the_dpo_update_is_unchanged(tiny_model
     g = torch.Generator().manual_seed(3)
     tokens = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (24,), generator=g)]
     batch = pack_pairs(tokens[:8], tokens[8:16], tokens[16:], pad_id=0)
-    lay = share_prefixes(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    lay = share_prefixes(batch["input_ids"], plan_of(batch))
     assert lay.input_ids.shape[0] == 8  # one row a pair
     batch["ref_logps"] = -torch.rand(16, generator=g) * 20
     tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=4, warmup_steps=0)
@@ -127,7 +131,7 @@ def test_sharing_is_chosen_only_where_it_costs_less_than_padding():
         return pack_sequences(prompts, [[9] * completion] * (groups * size), pad_id=0)
 
     def pays(b, **kw) -> bool:
-        return cost.sharing_pays(b["input_ids"], b["attention_mask"], b["loss_mask"], **kw)
+        return cost.sharing_pays(plan_of(b), **kw)
     assert pays(rows(57, 30, groups=4, size=4))
     assert not pays(rows(64, 1024, groups=1, size=8))  # 8 x 1k in one row: 8^2 the pairs of a padded row
     assert not pays(rows(57, 30, groups=4, size=1))  # nothing to share
@@ -143,7 +147,7 @@ def test_a_micro_batch_that_sharing_would_slow_takes_the_padded_forward(tiny_mod
     trainer, padded = PolicyTrainer(tiny_model_dir, tr), PolicyTrainer(tiny_model_dir, replace(tr, shared_prefix=False))
     calls = []
     shared = DSModel._shared_forward
-    monkeypatch.setattr(DSModel, "_shared_forward", lambda self, mb: calls.append(1) or shared(self, mb))
+    monkeypatch.setattr(DSModel, "_shared_forward", lambda self, mb, plan: calls.append(1) or shared(self, mb, plan))
     short, long = grouped_batch(vocab=200), pack_sequences([[5] * 6] * 16, [[9] * 60] * 16, pad_id=0)
     trainer.compute_logprobs(short)
     assert len(calls) == 2  # both micro-batches shared their prompts
