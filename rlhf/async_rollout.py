@@ -1,22 +1,24 @@
 """Asynchronous rollouts (`rollout.max_staleness: K` > 0): the engines generate ahead of the trainer while it
-trains, in chunks of `rollout.chunk_tokens`, so a weight sync waits for one chunk, never for the longest generation.
+trains. Each sample is one engine request for its whole life (rollout.inflight): the engines keep it across weight
+syncs, on the engine its group was given (sticky), and this generator advances them `rollout.chunk_tokens` engine
+steps a call, so a weight sync waits for one call, never for the longest generation, and no context is sent twice.
 
 Versions: the engines hold version v after v updates. Step s trains with version s-1 and may take a sample whose
 oldest token came from version s-1-K or later. The generator is paced, not filtered: it starts step t's prompts only
 once the engines hold version t-1-K or later, so every token of them is recent enough by construction and no sample
 is ever dropped for staleness; when step s's samples are not finished as the trainer wants them, it waits.
 
-A generation a sync interrupts continues from its tokens under the new weights (their KV is recomputed: each sync
-drops the prefix cache); each token keeps the version and the log-prob it was sampled with, the behaviour policy the
+A generation a sync interrupts continues under the new weights (on its KV so far, or recomputed:
+rollout.inflight_kv); each token keeps the version and the log-prob it was sampled with, the behaviour policy the
 update's importance weight divides by (algorithm.tis_cap, algorithm.tis_mask).
 
-The generator is one driver thread; `synced` pauses it between chunks. Its state at each sync (the prompts queued
-with their tokens so far, the data position) is what a checkpoint records (`snapshot`), so a resumed run continues
-them and trains every prompt once.
+The generator is one driver thread; `synced` pauses it between calls. Its state at each sync (the prompts queued
+with their tokens so far, the data position) is what a checkpoint records (`snapshot`), so a resumed run starts
+them again from their tokens so far and trains every prompt once; so does an engine's restart, for its samples.
 
 Dynamic sampling (DAPO's further rounds for a step whose groups' rewards are all equal) asks for them as the step's
-samples arrive (`refill`): a further round's prompts are drawn then and generated before anything queued, by the
-engines' current weights, so it is never staler than the step itself.
+samples arrive (`refill`): a further round's prompts are drawn then and started at once, by the engines' current
+weights, so it is never staler than the step itself.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rollout.engine import EnvOutcome, Sample, SamplingConfig
+from rollout.engine import Delta, EnvOutcome, Request, Sample, SamplingConfig
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
 Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
@@ -34,22 +36,24 @@ Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> the
 
 @dataclass
 class Seq:
-    """One sample in progress: its prompt, and its tokens so far with the log-prob and policy version of each."""
+    """One sample in progress: its prompt, and its tokens so far with the log-prob and policy version of each. It
+    lives in engine `engine` as request `key` once `started` (never in a checkpoint: a resumed run starts it again
+    from its tokens so far)."""
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    finish: Optional[str] = None  # "stop" (an eos or stop token) or "length" (the budget), once done
+    finish: Optional[str] = None  # "stop" (an eos or stop token) or "length" (the budget or the context), once done
+    key: int = -1
+    engine: int = 0
+    started: bool = False
 
-    def extend(self, chunk: Sample, version: int, budget: int, max_new_tokens: int) -> None:
-        """A chunk's tokens, sampled by `version` with at most `budget` tokens asked for."""
-        self.ids += chunk.completion_ids
-        self.logprobs += chunk.rollout_logprobs.tolist()
-        self.versions += [version] * len(chunk.completion_ids)
-        if chunk.finish_reason == "stop":
-            self.finish = "stop"
-        elif len(self.ids) >= max_new_tokens or len(chunk.completion_ids) < budget:  # (or the context is full)
-            self.finish = "length"
+    def take(self, delta: Delta, version: int) -> None:
+        """What its request produced while the engines held `version`."""
+        self.ids += delta.ids
+        self.logprobs += delta.logprobs
+        self.versions += [version] * len(delta.ids)
+        self.finish = delta.finish
 
 
 @dataclass
@@ -84,7 +88,8 @@ class StepRollout:
     @classmethod
     def from_state(cls, d: dict) -> "StepRollout":
         whole = d.get("whole")
-        return cls(d["step"], d["row_ids"], [Seq(**s) for s in d["seqs"]], tuple(d["stops"]), d["prompts_before"],
+        return cls(d["step"], d["row_ids"], [Seq(**dict(s, started=False)) for s in d["seqs"]], tuple(d["stops"]),
+                   d["prompts_before"],
                    d.get("turns", False), None if whole is None else [_sample_from_state(s) for s in whole])
 
 
@@ -123,8 +128,8 @@ class AsyncRollout:
                  chunk_tokens: int, last_step: int, turns: Optional[Turns] = None):
         self.engines, self.prompts, self.encode, self.sampling, self.turns = engines, prompts, encode, sampling, turns
         self.max_staleness, self.chunk_tokens, self.last_step = max_staleness, chunk_tokens, last_step
-        self.call_rows = prompts.batch_size * sampling.n  # a chunk call takes at most one step's sequences
-        self.version, self.next_step, self.calls = 0, 1, 0  # calls: chunk calls so far (each call's seed)
+        self.version, self.next_step, self.keys = 0, 1, 0  # keys: samples drawn so far (each one's request key)
+        self.calls = 0  # engine calls made
         self.queue: list[StepRollout] = []
         self.cond = threading.Condition()
         self.pausing = self.closed = False
@@ -184,7 +189,10 @@ class AsyncRollout:
         if state is not None:
             self.prompts.load_state(state["prompts"])
             self.queue = [StepRollout.from_state(b) for b in state["queue"]]
-            self.next_step, self.calls = state["next_step"], state["calls"]
+            self.next_step, self.keys = state["next_step"], state.get("keys", 0)
+            self.keys = max([self.keys] + [s.key + 1 for b in self.queue for s in b.seqs])
+            for s in (s for b in self.queue for s in b.seqs if s.key < 0):  # a checkpoint from before request keys
+                s.key, self.keys = self.keys, self.keys + 1
         self.snapshot = self._state()
 
     def close(self) -> None:
@@ -193,11 +201,14 @@ class AsyncRollout:
             self.cond.notify_all()
         if self.thread is not None:
             self.thread.join(timeout=60)
+        started = [s.key for b in self.queue for s in b.seqs if s.started and s.finish is None]
+        if started and not (self.thread and self.thread.is_alive()):  # what nobody will take stops generating
+            self.engines.abort(started)
 
     # ---- the generator thread ----
     def _run(self) -> None:
         try:
-            (self._run_turns if self.turns is not None else self._run_chunks)()
+            (self._run_turns if self.turns is not None else self._run_inflight)()
         except Closed:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, which raises it
@@ -205,18 +216,22 @@ class AsyncRollout:
                 self.error, self.busy = e, 0
                 self.cond.notify_all()
 
-    def _run_chunks(self) -> None:
+    def _run_inflight(self) -> None:
         while True:
             with self.cond:
                 work = self._next_work()
                 if work is None:
                     return
                 self.busy, version = self.busy + 1, self.version
-            seqs, sampling = work
-            chunks = self.engines.generate([s.prompt_ids + s.ids for s in seqs], sampling)
+            new, rows = work
+            deltas, lost = self.engines.advance(new, self.sampling, self.chunk_tokens, rows)
             with self.cond:
-                for s, chunk, budget in zip(seqs, chunks, sampling.budgets):
-                    s.extend(chunk, version, budget, self.sampling.max_new_tokens)
+                self.calls += 1
+                live = {s.key: s for b in self.queue for s in b.seqs if s.finish is None}
+                for d in (d for engine in deltas for d in engine):
+                    live[d.key].take(d, version)
+                for s in live.values():
+                    s.started = s.started and s.engine not in lost  # a restarted engine lost its requests
                 self.busy -= 1
                 self.cond.notify_all()
 
@@ -243,15 +258,20 @@ class AsyncRollout:
             self.cond.wait()
         return None
 
-    def _next_work(self) -> Optional[tuple[list[Seq], SamplingConfig]]:
-        """(the oldest unfinished sequences, at most one step's, and their chunk's sampling), once there are any
-        and no sync is waiting; None once closed. Holds the lock."""
+    def _next_work(self) -> Optional[tuple[list[list[Request]], int]]:
+        """(each engine's samples to start, the count of unfinished samples) once there are any and no sync is
+        waiting; None once closed. Holds the lock."""
         while not self.closed:
             if not self.pausing:
                 self._start_allowed()
-                seqs = [s for b in self.queue for s in b.seqs if s.finish is None][:self.call_rows]
-                if seqs:
-                    return seqs, self._chunk_sampling(seqs)
+                live = [(s, b.stops) for b in self.queue for s in b.seqs if s.finish is None]
+                if live:
+                    new: list[list[Request]] = [[] for _ in self.engines.engines]
+                    for s, stops in live:
+                        if not s.started:
+                            new[s.engine].append(self._request(s, stops))
+                            s.started = True
+                    return new, len(live)
             self.cond.wait()
         return None
 
@@ -268,24 +288,23 @@ class AsyncRollout:
         if self.turns is not None:  # the environments write the first messages
             return StepRollout(step, row_ids, [], (), before, turns=True)
         prompt_ids, stops = self.encode(row_ids)
-        seqs = [Seq(list(p)) for p in prompt_ids for _ in range(self.sampling.n)]
+        n, engines = self.sampling.n, len(self.engines.engines)
+        seqs = [Seq(list(p), key=self.keys + i, engine=(self.keys // n + i // n) % engines)
+                for i, p in enumerate(p for p in prompt_ids for _ in range(n))]
+        self.keys += len(seqs)
         return StepRollout(step, row_ids, seqs, stops, before)
 
-    def _chunk_sampling(self, seqs: list[Seq]) -> SamplingConfig:
-        s = self.sampling
-        seed = None if s.seed is None else s.seed + self.calls * 100_003  # a new stream a call (per-prompt + i)
-        self.calls += 1
-        stops = tuple(dict.fromkeys(t for b in self.queue for t in b.stops))
-        budgets = tuple(min(self.chunk_tokens, s.max_new_tokens - len(q.ids)) for q in seqs)
-        return SamplingConfig(max_new_tokens=max(budgets), temperature=s.temperature, top_p=s.top_p, n=1,
-                              seed=seed, stop_token_ids=stops, budgets=budgets)
+    def _request(self, s: Seq, stops: tuple[int, ...]) -> Request:
+        """`s` as an engine request: from its tokens so far (none, unless a checkpoint or a restart left some)."""
+        seed = None if self.sampling.seed is None else self.sampling.seed + s.key + 100_003 * len(s.ids)
+        return Request(s.key, s.prompt_ids + s.ids, self.sampling.max_new_tokens - len(s.ids), seed, stops)
 
     def _state(self) -> dict:
         """What a checkpoint saves: the synchronous loop's data position (before the queued prompts), and this
         generator's own (the queue with its tokens so far)."""
         first = self.queue[0].prompts_before if self.queue else self.prompts.state()
         return {"prompts": first, "async": {"prompts": self.prompts.state(), "next_step": self.next_step,
-                                            "calls": self.calls, "queue": [b.state() for b in self.queue]}}
+                                            "keys": self.keys, "queue": [b.state() for b in self.queue]}}
 
     def _raise_error(self) -> None:
         if self.error is not None:

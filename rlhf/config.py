@@ -29,6 +29,7 @@ LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean
 ENGINES = ("vllm", "hf")
 LORA_SYNC = ("adapter", "merged")
 SYNC_CHANNELS = ("auto", "broadcast", "ipc")
+INFLIGHT_KV = ("keep", "recompute")  # rollout.inflight
 PLACEMENT_MODES = ("colocate", "hybrid", "split")
 DTYPES = ("float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
@@ -39,7 +40,8 @@ CHOICES = {"stage": STAGES, "model.dtype": DTYPES, "model.tiny.arch": ARCHS, "al
            "rollout.engine": ENGINES, "rollout.lora_sync": LORA_SYNC, "rollout.sync_channel": SYNC_CHANNELS,
            "placement.mode": PLACEMENT_MODES, "trainer.zero_stage": (0, 1, 2, 3),
            "algorithm.dpo_loss": ("sigmoid", "ipo", "hinge"), "env.observation_role": ("user", "tool"),
-           "algorithm.policy_loss": POLICY_LOSSES, "algorithm.rollout_correction": ("token", "sequence")}
+           "algorithm.policy_loss": POLICY_LOSSES, "algorithm.rollout_correction": ("token", "sequence"),
+           "rollout.inflight_kv": INFLIGHT_KV}
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
 LOGPROB_DIFF_WARN = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
@@ -131,9 +133,8 @@ class RolloutConfig:
     # asynchronous RL: the engines generate ahead while the trainer trains, a sample's oldest token at most this many
     # updates behind the trained weights (paced: nothing is discarded); 0 = generate, then train (docs/async.md)
     max_staleness: int = 0
-    # max_staleness > 0: generations run in chunks of this many tokens, between which a weight sync can interrupt
-    # them (they continue under the new weights)
-    chunk_tokens: int = 32
+    chunk_tokens: int = 32  # max_staleness > 0: samples stay in their engine across syncs, advanced this much a call
+    inflight_kv: str = "keep"  # what they continue on after a sync: keep (their KV so far) | recompute (re-prefill)
     # an engine whose process dies (OOM, preemption) is restarted up to this many times: the current weights are
     # pushed into it and its share of the generation is redone (rollout/engine_restarts); 0 = a death ends the run
     max_engine_restarts: int = 3

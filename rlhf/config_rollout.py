@@ -35,6 +35,9 @@ def validate_async(cfg: RunConfig, bad, positive) -> None:
     """rollout.max_staleness > 0: what can run ahead of the trainer (docs/async.md)."""
     r = cfg.rollout
     positive("rollout.chunk_tokens", r.chunk_tokens)
+    if r.inflight_kv not in ("keep", "recompute"):
+        bad("rollout.inflight_kv", r.inflight_kv, "must be keep (kept samples continue on their KV so far after a "
+            "sync) or recompute (their context is prefilled again under the new weights)")
     if r.max_staleness < 0:
         bad("rollout.max_staleness", r.max_staleness, "must be >= 0 (0 = synchronous; K = samples at most K updates "
             "behind the trained weights)")

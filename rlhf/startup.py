@@ -65,7 +65,7 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
     r = cfg.rollout
     if r.engine != "vllm":
         from rollout.hf_engine import HFEngine
-        return HFEngine, dict(tempered_logprobs=r.tempered_logprobs)
+        return HFEngine, dict(tempered_logprobs=r.tempered_logprobs, max_model_len=r.max_model_len)
     from rollout.vllm_engine import VLLMEngine
     hybrid = cfg.placement.mode == "hybrid"  # the engine core stays in the trainer's process: tensors by reference
     return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
@@ -74,7 +74,8 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
                             enable_sleep=placement.pg is not None and cfg.placement.mode in ("colocate", "hybrid"),
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
-                            sleep_level=1 if adapter_sync else 2, tempered_logprobs=r.tempered_logprobs)
+                            sleep_level=1 if adapter_sync else 2, tempered_logprobs=r.tempered_logprobs,
+                            inflight_kv=r.inflight_kv)
 
 
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:

@@ -55,6 +55,28 @@ class EnvOutcome:
     error: bool = False
 
 
+@dataclass
+class Request:
+    """One sample an engine keeps from its prompt to its end, across weight syncs (rollout.inflight)."""
+
+    key: int  # the caller's name for it, unique among the engine's live requests
+    prompt_ids: list[int]
+    max_tokens: int
+    seed: Optional[int] = None  # its own sampler seed; None = the engine's RNG
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Delta:
+    """What one kept request produced since the last `advance`: new token ids with their log-probs, and once it has
+    ended, why ("stop" or "length": its max_tokens, or the engine's max_model_len)."""
+
+    key: int
+    ids: list[int]
+    logprobs: list[float]
+    finish: Optional[str] = None
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`n` samples per prompt (token ids, or a text / message-list prompt the engine renders with

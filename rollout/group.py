@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from common.batch import even_spans
 from common.remote import WorkerDied, make_actor, ray_get
-from rollout.engine import Sample, SamplingConfig
+from rollout.engine import Delta, Request, Sample, SamplingConfig
 
 
 @dataclass
@@ -154,6 +154,26 @@ class RolloutGroup:
             out += chunk
         sub.samples = out
         return out
+
+    def advance(self, new: list[list[Request]], sampling: SamplingConfig, steps: int,
+                rows: int) -> tuple[list[list[Delta]], list[int]]:
+        """In-flight generation (rollout.inflight): engine i starts `new[i]` and every engine runs `steps` steps of
+        its kept requests (`rows` of them in all, for the deadline). Returns each engine's deltas, and the engines
+        restarted meanwhile: their kept requests are gone, and the caller starts those again."""
+        lives, lost = list(self.lives), []
+        refs = [e.advance.remote(n, sampling, steps) for e, n in zip(self.engines, new)]
+        timeout = self.timeout_s or BASE_TIMEOUT_S + S_PER_TOKEN * steps * -(-rows // len(self.engines))
+        while True:
+            try:
+                return ray_get(refs, timeout, self.roles, TIMEOUT_HINT), lost
+            except WorkerDied as e:
+                i = self._restart(e, dict(enumerate(lives)))
+                refs[i], lives[i] = self.engines[i].advance.remote([], sampling, 0), self.lives[i]
+                lost.append(i)
+
+    def abort(self, keys: list[int]) -> None:
+        """Drop these kept requests wherever they are."""
+        self._each(lambda e: e.abort.remote(keys))
 
     def _restart(self, error: WorkerDied, lives: dict[int, int]) -> int:
         """The index of the engine that died, once Ray has restarted it and `on_restart` has brought it up to date;

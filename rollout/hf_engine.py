@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
-from rollout.engine import Sample, SamplingConfig
+from rollout.engine import Delta, Request, Sample, SamplingConfig
+from rollout.inflight import RegeneratedRequests
 from rollout.render import PromptRenderer, render_prompts
 
 
@@ -40,7 +41,8 @@ class _TokenLogprobs:
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32", trust_remote_code: bool = False,
-                 batch_size: int = 64, tempered_logprobs: bool = False, **_ignored_vllm_options):
+                 batch_size: int = 64, tempered_logprobs: bool = False, max_model_len: Optional[int] = None,
+                 **_ignored_vllm_options):
         """`tempered_logprobs`: report log-probs of softmax(logits / temperature), else of the raw logits."""
         from transformers import AutoModelForCausalLM
 
@@ -51,6 +53,7 @@ class HFEngine:
         renderer = PromptRenderer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self._setup(model.eval().to(device), renderer.eos_id, renderer.pad_id, batch_size, tempered_logprobs)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, renderer
+        self.kept.max_model_len = max_model_len
 
     @classmethod
     def from_model(cls, model, eos_id: int, pad_id: int, batch_size: int = 64) -> "HFEngine":
@@ -63,6 +66,7 @@ class HFEngine:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
         self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
         self.tempered_logprobs = tempered_logprobs
+        self.kept = RegeneratedRequests(self)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
@@ -118,6 +122,13 @@ class HFEngine:
             samples.append(Sample(index, prompt, toks[:length], logps[row, :length].numpy().copy(),
                                   "stop" if stop else "length"))
         return samples
+
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+        """In-flight generation (rollout.inflight): the kept requests' contexts are recomputed each call."""
+        return self.kept.advance(new, sampling, steps)
+
+    def abort(self, keys: list[int]) -> None:
+        self.kept.abort(keys)
 
     def update_weights(self, named_tensors) -> int:
         """Copy each (name, tensor) into the model as it arrives (an iterator is never held whole). Returns #tensors."""

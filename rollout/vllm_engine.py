@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from common.net import cache_root
-from rollout.engine import Sample, SamplingConfig
+from rollout.engine import Delta, Request, Sample, SamplingConfig
+from rollout.inflight import KeptRequests
 from rollout.reap import actor_key, reap_orphans, record_children
 from rollout.render import render_prompts
 from rollout.sleep import SleepState
@@ -53,8 +54,8 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
-                 sleep_level: int = 2, tempered_logprobs: bool = False):
-        """`sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
+                 sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep"):
+        """`inflight_kv`: what requests kept across a sync continue on (rollout.inflight). `sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
         the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
         sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
         a top_p nucleus), else of the raw logits."""
@@ -99,6 +100,7 @@ class VLLMEngine:
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
         self.multiprocess = multiprocess  # the engine core in a child process: tensors cross as bytes
+        self.kept = KeptRequests(self.llm, inflight_kv)
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each
@@ -116,7 +118,10 @@ class VLLMEngine:
                                  flat_logprobs=True)
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        if self.kept.live:  # (an evaluation while samples are generated ahead: those go on beside it)
+            outputs = self.kept.run_beside(inputs, params)
+        else:
+            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -125,6 +130,16 @@ class VLLMEngine:
                 samples.append(Sample(i, list(out.prompt_token_ids), ids, logps,
                                       "length" if c.finish_reason == "length" else "stop"))
         return samples
+
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+        """In-flight generation (rollout.inflight): start `new` (kept until they end), run `steps` engine steps, and
+        return what every kept request produced meanwhile (rollout.inflight.KeptRequests)."""
+        self.sleep_state.check_can_generate()
+        return self.kept.advance(new, sampling, steps)
+
+    def abort(self, keys: list[int]) -> None:
+        """Drop kept requests (a generator closing, or starting again from a checkpoint)."""
+        self.kept.abort(keys)
 
     # ---- weight updates ----
     def open_receiver(self, endpoint: dict) -> None:
@@ -153,8 +168,9 @@ class VLLMEngine:
         self._reloaded()
 
     def _reloaded(self) -> None:
-        """After a full-weight reload: cached KV of the old weights must go; weights discarded by sleep are real."""
-        self.llm.reset_prefix_cache()
+        """After a full-weight reload: cached KV of the old weights must go (kept requests: by rollout.inflight_kv);
+        weights discarded by sleep are real."""
+        self.kept.synced()
         self.sleep_state.loaded_weights()
 
     def load_adapter(self, files: dict[str, bytes]) -> None:
@@ -170,11 +186,11 @@ class VLLMEngine:
         for name, data in files.items():
             with open(os.path.join(path, os.path.basename(name)), "wb") as f:
                 f.write(data)
-        if self.lora_request is not None:
-            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
-            shutil.rmtree(self.lora_request.lora_path, ignore_errors=True)
-        self.lora_request = LoRARequest(f"policy-v{version}", version, path)
-        self.llm.reset_prefix_cache()
+        old, self.lora_request = self.lora_request, LoRARequest(f"policy-v{version}", version, path)
+        self.kept.new_adapter(self.lora_request)  # kept requests start again under it (before the old one goes)
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     # ---- memory (GPU colocation only; vLLM on CPU has no sleep mode) ----
     def sleep(self) -> None:

@@ -42,8 +42,8 @@ def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model,
     assert all(r["rollout/staleness_max"] <= 2 for r in rows), [r["rollout/staleness_max"] for r in rows]
     assert max(r["rollout/staleness_max"] for r in rows) == 2  # the engines did run ahead, as far as allowed
     assert rows[0]["rollout/staleness_max"] == 0  # step 1: the starting weights train their own samples
-    # one-token chunks: a sync lands in generations in flight, which go on under the new weights
-    assert any(r["rollout/interrupted_frac"] > 0 and r["rollout/versions_per_sample"] > 1 for r in rows)
+    # (every step allowed is generated at once, so on this model a step's samples are done before the next sync:
+    # a sync landing mid-generation is tested in tests/rollout/test_async_rollout.py, on the real engine)
     # the off-policy correction is on by default (tis_cap 2, IcePop's mask [0.5, 5]) and acts on older samples
     assert all("policy/tis_capped_frac" in r and "policy/tis_masked_frac" in r for r in rows)
     assert rows[0]["rollout/logprob_diff"] < 1e-3 < rows[-1]["rollout/logprob_diff"]
@@ -92,7 +92,7 @@ def _run_until_killed(args, out, titles: tuple[str, ...], min_rows: int, timeout
 @pytest.mark.slow
 def test_kill_9_during_generation_training_and_sync_trains_each_prompt_once(sft_model, tmp_path):
     args = _args(sft_model, tmp_path, "rollout.max_staleness=1", "rollout.chunk_tokens=2")
-    _run_until_killed(args, tmp_path, ("VLLMEngine.generate",), min_rows=2)
+    _run_until_killed(args, tmp_path, ("VLLMEngine.advance",), min_rows=2)
     _run_until_killed(args, tmp_path, ("PolicyTrainer.train_step",), min_rows=3)
     # a sync is short on the tiny model: either end of it, and every step's sync from the third on, is a chance
     _run_until_killed(args, tmp_path, ("VLLMEngine.receive_weights", "PolicyTrainer.send_weights"), min_rows=4)

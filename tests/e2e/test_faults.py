@@ -100,13 +100,14 @@ def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_engine_under_async_rl_is_restarted_and_every_prompt_still_trained_once(sft_model, tmp_path):
-    """The same kill under rollout.max_staleness 1, where the engine generates ahead in a thread of its own while the
-    trainer trains: Ray restarts it, the current weights are pushed into it, its chunk is redone, and the run
-    finishes with every step's 16 prompts trained (none lost, none twice) and the staleness bound kept."""
+    """The same kill under rollout.max_staleness 1, while the engine advances the samples it keeps (generating ahead
+    for a thread of the driver's own while the trainer trains): Ray restarts it, the current weights are pushed into
+    it, the samples it held start again there from their tokens so far, and the run finishes with every step's 16
+    prompts trained (none lost, none twice) and the staleness bound kept."""
     import json
 
     proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0", "rollout.max_staleness=1")
-    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.generate")
+    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.advance")
     out, err = _finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "rollout engine 0 died and Ray restarted it" in out, out[-3000:]

@@ -1,6 +1,6 @@
-"""Generating ahead (rlhf.async_rollout) with the real vLLM engine in a Ray actor: a sync interrupts generations in
-flight, which continue under the new weights, each token keeping the log-prob and version of the weights that
-sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
+"""Generating ahead (rlhf.async_rollout) with the real vLLM engine in a Ray actor: a sync lands while samples are
+kept in the engine mid-generation, and they continue under the new weights (on their KV so far, or recomputed), each
+token keeping the log-prob and version of the weights that sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
 records continues the same generations."""
 import json
 import time
@@ -33,9 +33,29 @@ def _wait_for(predicate, timeout_s: float = 120.0) -> None:
         time.sleep(0.001)
 
 
+def _kept(old, new, sample) -> np.ndarray:
+    """rollout.inflight_kv: keep, as transformers computes it: the context's KV by the old weights (the prompt and
+    every token sampled before the sync but the last, which the next step feeds under the new weights), each later
+    position by the new weights reading that cache. The log-probs of the tokens sampled after the sync."""
+    before = int((sample.versions == 0).sum())
+    cut = len(sample.prompt_ids) + before - 1
+    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    with torch.no_grad():
+        past = old(ids[:, :cut], use_cache=True).past_key_values
+        logp = torch.log_softmax(new(ids[:, cut:-1], past_key_values=past).logits[0].float(), -1)
+    return logp[torch.arange(len(logp)), ids[0, cut + 1:]].numpy()  # the first token after the sync on
+
+
 @pytest.fixture(scope="module")
 def engines(ray_local, tiny_model_dir):
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), timeout_s=300)
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def recomputing(ray_local, tiny_model_dir):
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, inflight_kv="recompute", **ENGINE), timeout_s=300)
     yield group
     group.shutdown()
 
@@ -52,14 +72,17 @@ def _old_and_perturbed(model_dir: str):
     return old, new
 
 
-def test_a_sync_interrupts_generations_which_continue_under_the_new_weights(engines, tiny_model_dir):
+@pytest.mark.parametrize("inflight_kv", ["keep", "recompute"])
+def test_a_sync_lands_mid_generation_and_the_kept_samples_go_on_under_the_new_weights(
+        inflight_kv, engines, recomputing, tiny_model_dir):
+    group = engines if inflight_kv == "keep" else recomputing
     old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"ids": [1 + i, 7, 9 + i]} for i in range(8)]
-    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=0), lambda ids: ([rows[i]["ids"] for i in ids], ()),
+    pipeline = AsyncRollout(group, BatchIterator(rows, 4, seed=0), lambda ids: ([rows[i]["ids"] for i in ids], ()),
                             SAMPLING, max_staleness=1, chunk_tokens=2, last_step=3)
     pipeline.start()
-    _wait_for(lambda: pipeline.calls >= 1)  # a first chunk under way: the sync lands while step 1 generates
-    pipeline.synced(lambda: engines.update_weights(list(new.state_dict().items())), version=1)
+    _wait_for(lambda: pipeline.calls >= 1)  # a first call made: the sync lands while step 1 generates
+    pipeline.synced(lambda: group.update_weights(list(new.state_dict().items())), version=1)
     first = pipeline.take(1)
     samples = first.samples(SAMPLING.n)
     assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3] and len(first.row_ids) == 4
@@ -68,13 +91,19 @@ def test_a_sync_interrupts_generations_which_continue_under_the_new_weights(engi
     for s in samples:
         assert len(s.versions) == len(s.completion_ids) == len(s.rollout_logprobs)
         assert (np.diff(s.versions) >= 0).all()  # old tokens first, then the new weights'
-        by_old, by_new = _teacher_forced(old, s), _teacher_forced(new, s)
         v0, v1 = s.versions == 0, s.versions == 1
-        assert np.abs(s.rollout_logprobs[v0] - by_old[v0]).max(initial=0) < 1e-3
-        assert np.abs(s.rollout_logprobs[v1] - by_new[v1]).max(initial=0) < 1e-3
+        assert np.abs(s.rollout_logprobs[v0] - _teacher_forced(old, s)[v0]).max(initial=0) < 1e-3
+        if inflight_kv == "recompute" or not v0.any():  # (a sample started after the sync: all new)
+            assert np.abs(s.rollout_logprobs[v1] - _teacher_forced(new, s)[v1]).max(initial=0) < 1e-3
+        else:
+            assert np.abs(s.rollout_logprobs[v1] - _kept(old, new, s)).max(initial=0) < 1e-3
     later = np.concatenate([s.rollout_logprobs[s.versions == 1] - _teacher_forced(old, s)[s.versions == 1]
                             for s in two])
     assert np.abs(later).mean() > 1e-2  # the new weights' log-probs are not the old ones': the check above can fail
+    if inflight_kv == "keep":  # nor, on the old KV, what the new weights compute from scratch
+        fresh = np.concatenate([s.rollout_logprobs[s.versions == 1] - _teacher_forced(new, s)[s.versions == 1]
+                                for s in two])
+        assert np.abs(fresh).mean() > 1e-3
     metrics = staleness_metrics(samples, trainer_version=0)  # step 1 trains version 0: its own tokens, and newer
     assert metrics["rollout/staleness_max"] == 0 and metrics["rollout/interrupted_frac"] > 0
 

@@ -53,6 +53,39 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
         [s.completion_ids for s in engine.generate(prompts, greedy)]
 
 
+def test_hf_engine_keeps_requests_across_calls_and_ends_them_at_max_model_len(tiny_model_dir):
+    """rollout.inflight on the transformers engine: kept requests advance a few tokens a call, their contexts held
+    inside the engine; each ends by its budget, a stop token, or the context's limit ("length")."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollout.engine import Request
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    engine = HFEngine.from_model(model, tok.eos_token_id, tok.pad_token_id, batch_size=4)
+    engine.kept.max_model_len = 16
+    sampling = SamplingConfig(temperature=1.0, seed=2)
+    prompts = {0: [5, 6, 7], 1: list(range(3, 14)), 2: [8, 9]}  # 1: room for 5 tokens
+    got = {k: {"ids": [], "logprobs": [], "finish": None} for k in prompts}
+    new = [Request(0, prompts[0], 9), Request(1, prompts[1], 9), Request(2, prompts[2], 9, stop_token_ids=(0,))]
+    for _ in range(20):
+        for d in engine.advance(new, sampling, steps=2):
+            assert len(d.ids) <= 2
+            got[d.key]["ids"] += d.ids
+            got[d.key]["logprobs"] += d.logprobs
+            got[d.key]["finish"] = d.finish
+        new = []
+        if all(g["finish"] for g in got.values()):
+            break
+    assert len(got[1]["ids"]) == 5 and got[1]["finish"] == "length" and not engine.kept.live
+    for k, g in got.items():
+        assert len(g["ids"]) == 9 or g["finish"] == "stop" or k == 1
+        ids = torch.tensor([prompts[k] + g["ids"]])
+        with torch.no_grad():
+            lp = token_logprobs(model(ids).logits[:, :-1], ids[:, 1:])[0, len(prompts[k]) - 1:]
+        assert (lp - torch.tensor(g["logprobs"])).abs().max() < 1e-4
+
+
 @pytest.mark.slow
 def test_hf_engine_follows_the_trainer_over_the_ipc_channel(ray_local, tiny_model_dir):
     from actors.policy import PolicyTrainer

@@ -1,0 +1,122 @@
+"""In-flight generation on the real vLLM engine in a Ray actor (rollout.inflight): a kept request ends at the
+engine's max_model_len with "length" (never an error), an evaluation runs beside kept requests and leaves them whole,
+and a LoRA adapter sync starts them again under the new adapter from their tokens so far. (A full-weight sync
+landing mid-generation, keep and recompute: tests/rollout/test_async_rollout.py.)"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from rollout.engine import Request, SamplingConfig
+from rollout.group import RolloutGroup
+
+ENGINE = dict(dtype="float32", max_model_len=64, kv_cache_mb=16)
+SAMPLING = SamplingConfig(temperature=1.0, seed=5)
+
+
+@pytest.fixture(scope="module")
+def group(ray_local, tiny_model_dir):
+    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), timeout_s=300)
+    yield g
+    g.shutdown()
+
+
+def _advance(group, new=(), steps=4) -> dict[int, dict]:
+    """One call; key -> {"ids", "logprobs", "finish"}."""
+    (deltas,), lost = group.advance([list(new)], SAMPLING, steps, rows=8)
+    assert lost == []
+    return {d.key: {"ids": d.ids, "logprobs": d.logprobs, "finish": d.finish} for d in deltas}
+
+
+def _until_done(group, kept: dict[int, dict], steps=4) -> None:
+    """Advance until every request in `kept` has ended, appending what each produced."""
+    for _ in range(200):
+        if all(k["finish"] for k in kept.values()):
+            return
+        for key, d in _advance(group, steps=steps).items():
+            kept[key]["ids"] += d["ids"]
+            kept[key]["logprobs"] += d["logprobs"]
+            kept[key]["finish"] = d["finish"]
+    raise AssertionError("kept requests did not end")
+
+
+def _forced(model, prompt, ids) -> np.ndarray:
+    x = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(x).logits[0, :-1].float(), -1)
+    return logp[torch.arange(x.shape[1] - 1), x[0, 1:]][len(prompt) - 1:].numpy()
+
+
+def test_a_kept_request_that_fills_max_model_len_ends_with_length(group):
+    long, short = list(range(3, 59)), [5, 6, 7]  # 56 of the 64 positions: room for 8 tokens
+    got = _advance(group, [Request(0, long, 30, seed=1), Request(1, short, 12, seed=2),
+                           Request(2, list(range(3, 67)), 5, seed=3)])  # already full: ends at once
+    assert got[2] == {"ids": [], "logprobs": [], "finish": "length"}
+    kept = {k: {"ids": got.get(k, {}).get("ids", []), "logprobs": got.get(k, {}).get("logprobs", []),
+                "finish": got.get(k, {}).get("finish")} for k in (0, 1)}
+    _until_done(group, kept)
+    assert len(kept[0]["ids"]) == 8 and kept[0]["finish"] == "length"
+    assert kept[1]["finish"] == "stop" or len(kept[1]["ids"]) == 12
+    assert all(len(k["ids"]) == len(k["logprobs"]) for k in kept.values())
+
+
+def test_an_evaluation_beside_kept_requests_leaves_them_whole(group, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    prompts = [[4 + i, 9, 11] for i in range(6)]
+    got = _advance(group, [Request(10 + i, p, 20, seed=i) for i, p in enumerate(prompts)], steps=3)
+    kept = {10 + i: dict(prompt=p, ids=list(got[10 + i]["ids"]), logprobs=list(got[10 + i]["logprobs"]),
+                         finish=got[10 + i]["finish"]) for i, p in enumerate(prompts)}
+    assert all(len(k["ids"]) == 3 for k in kept.values())  # mid-generation
+    greedy = group.generate([[8, 2, 6], [7, 7]], SamplingConfig(max_new_tokens=10, temperature=0.0))
+    for s in greedy:  # the evaluation's own samples: whole, greedy, the model's log-probs
+        assert len(s.completion_ids) == 10 or s.finish_reason == "stop"
+        forced = _forced(model, s.prompt_ids, s.completion_ids)
+        assert np.abs(np.asarray(s.rollout_logprobs) - forced).max() < 1e-3
+    _until_done(group, kept)
+    for k in kept.values():  # what was produced beside the evaluation reached the next call, nothing lost
+        assert len(k["ids"]) == 20 or k["finish"] == "stop"
+        assert np.abs(np.asarray(k["logprobs"]) - _forced(model, k["prompt"], k["ids"])).max() < 1e-3
+
+
+def _adapter(model_dir: str, out: str):
+    """A PEFT LoRA adapter of rank 4 with random (not zero) B: it changes the model's outputs."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                           init_lora_weights=False))
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    peft.save_pretrained(out)
+    files = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    return peft.eval(), files
+
+
+def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(group, tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    adapted, files = _adapter(tiny_model_dir, str(tmp_path / "adapter"))
+    prompts = [[3 + i, 8, 5] for i in range(4)]
+    got = _advance(group, [Request(20 + i, p, 16, seed=i) for i, p in enumerate(prompts)], steps=4)
+    before = {20 + i: len(got[20 + i]["ids"]) for i in range(4)}
+    assert set(before.values()) == {4}
+    group.load_adapter(files)
+    kept = {20 + i: dict(prompt=p, ids=list(got[20 + i]["ids"]), logprobs=list(got[20 + i]["logprobs"]),
+                         finish=None) for i, p in enumerate(prompts)}
+    _until_done(group, kept)
+    moved = []
+    for key, k in kept.items():
+        n, lp = before[key], np.asarray(k["logprobs"])
+        assert np.abs(lp[:n] - _forced(base, k["prompt"], k["ids"])[:n]).max() < 1e-3
+        after = _forced(adapted, k["prompt"], k["ids"])[n:]  # re-prefilled under the adapter: its log-probs
+        assert np.abs(lp[n:] - after).max(initial=0) < 1e-3
+        moved.append(np.abs(lp[n:] - _forced(base, k["prompt"], k["ids"])[n:]).mean())
+    assert np.mean(moved) > 1e-2  # the adapter changes them: the check above can fail
