@@ -34,6 +34,9 @@ class HybridWorker:
     def generate(self, prompts, sampling):
         return self.engine.generate(prompts, sampling)
 
+    def counters(self) -> tuple[int, int]:
+        return self.engine.counters()
+
     def load_adapter(self, files: dict[str, bytes]) -> None:
         self.engine.load_adapter(files)
 

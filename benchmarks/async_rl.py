@@ -1,15 +1,21 @@
-"""Asynchronous RL (`rollout.max_staleness` K) against the synchronous loop (K = 0): the same recipe, seed and steps,
-once per K, in one run on one machine.
+"""Asynchronous RL (`rollout.max_staleness` K) against the synchronous loop (K = 0): the same recipe and steps, per
+variant and seed, in one run on one machine.
 
-    python benchmarks/async_rl.py --model tiny --steps 30         # examples/sort_grpo.yaml from a cached SFT model
-    python benchmarks/async_rl.py --model real --steps 10         # examples/smollm2_math_grpo.yaml (SmolLM2-135M)
-    python benchmarks/async_rl.py --model real --ks 0,1 --extra placement.cpu_threads=2
+    python benchmarks/async_rl.py --model tiny --steps 30                  # examples/sort_grpo.yaml, a cached SFT model
+    python benchmarks/async_rl.py --model real --steps 10                  # examples/smollm2_math_grpo.yaml (SmolLM2)
+    python benchmarks/async_rl.py --model real --max-new-tokens 512 --variants k0,k1,k2,k1-recompute,k1-chunked \\
+        --seeds 0,1,2                                                       # issue #44's long-generation table
 
-Per K: median seconds a step; trained tokens/s (the sampled tokens of every step, over the steps' summed time);
-steps a minute; held-out greedy accuracy before -> after; its gain per step and per minute of steps; mean and
-largest staleness; the share of samples a sync interrupted. Evaluation runs only before and after (outside the
-step times). Under K > 0 trainers and engines compute at the same time, so by default each gets half the cores
-(placement.cpu_threads); `--extra` passes further overrides to every run.
+A variant is `k<K>` (in-flight, rollout.inflight_kv keep), `k<K>-recompute`, or `k<K>-chunked`: the design before
+in-flight updates (every chunk_tokens each sequence left the engine and was sent back with its whole context), run
+from a git worktree of CHUNKED_REF; it logs no driver or prefill counts ("-").
+
+Per variant (seeds pooled; step medians leave out step 1, whose window holds the initial evaluation): seconds a
+step; trained tokens/s; prompt/context tokens the engines computed per generated token (`rollout/prefill_per_token`,
+prefix-cache hits not counted); token ids the driver moved a step, and its generator thread's CPU seconds a step;
+a sync's pause to resume, and of it the wait for the engine call in flight; held-out greedy accuracy gain per step
+(mean ± sd over the seeds); staleness; the share of samples a sync interrupted. Evaluation runs only before and
+after (outside the step times). `--extra` passes further overrides to every run.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -28,56 +35,84 @@ sys.path.insert(0, ROOT)
 from benchmarks.helpers import print_table, run_recipe  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "async_rl")
+CHUNKED_REF = "0f35d20"  # main before in-flight updates: the chunked generator
 
 
-def run(args: list[str]) -> float:
-    return run_recipe(args, ROOT)
+def source_tree(ref: str) -> str:
+    """A worktree of `ref` under the cache (made once), so the older design runs beside this one."""
+    path = os.path.join(CACHE, f"src-{ref}")
+    if not os.path.isdir(path):
+        subprocess.run(["git", "worktree", "add", "--detach", path, ref], cwd=ROOT, check=True)
+    return path
 
 
-def recipe(model: str) -> list[str]:
+def recipe(model: str, max_new_tokens: int | None) -> list[str]:
     """The config and model overrides of `model` (tiny: the sort SFT checkpoint, trained once and cached)."""
     if model == "real":
-        return ["--config", "examples/smollm2_math_grpo.yaml", "logging.rollouts_every=0"]
-    sft = os.path.join(CACHE, "sft")
-    if not os.path.isdir(os.path.join(sft, "final")):
-        run(["--config", "examples/sort_sft.yaml", f"output_dir={sft}"])
-    return ["--config", "examples/sort_grpo.yaml", f"model.path={sft}/final", "data.num_eval=128"]
+        base = ["--config", "examples/smollm2_math_grpo.yaml", "logging.rollouts_every=0"]
+    else:
+        sft = os.path.join(CACHE, "sft")
+        if not os.path.isdir(os.path.join(sft, "final")):
+            run_recipe(["--config", "examples/sort_sft.yaml", f"output_dir={sft}"], ROOT)
+        base = ["--config", "examples/sort_grpo.yaml", f"model.path={sft}/final", "data.num_eval=128"]
+    if max_new_tokens:  # room for the prompt too, and the KV of every sample in flight
+        base += [f"rollout.max_new_tokens={max_new_tokens}", f"rollout.max_model_len={max_new_tokens + 128}",
+                 f"eval.max_new_tokens={max_new_tokens}", "rollout.kv_cache_mb=1024"]
+    return base
 
 
-def one(k: int, base: list[str], steps: int, extra: list[str]) -> list:
-    out = os.path.join(CACHE, f"k{k}-{time.strftime('%m%d-%H%M%S')}")
-    wall = run([*base, f"output_dir={out}", f"trainer.max_steps={steps}", f"eval.every={steps}",
-                "checkpoint.every=0", f"rollout.max_staleness={k}", *extra])
+def one(variant: str, seed: int, base: list[str], steps: int, extra: list[str]) -> dict:
+    k, _, mode = variant[1:].partition("-")
+    out = os.path.join(CACHE, f"{variant}-s{seed}-{time.strftime('%m%d-%H%M%S')}")
+    args = [*base, f"output_dir={out}", f"trainer.max_steps={steps}", f"eval.every={steps}", "checkpoint.every=0",
+            f"rollout.max_staleness={k}", f"seed={seed}", *extra]
+    if mode == "recompute":
+        args.append("rollout.inflight_kv=recompute")
+    wall = run_recipe(args, source_tree(CHUNKED_REF) if mode == "chunked" else ROOT)
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out, "config.yaml")) as f:
         rollout = yaml.safe_load(f)["rollout"]  # the run's config as it ran
-    per_step, n = rollout["prompts_per_step"], rollout["n_samples"]
     head = "eval/accuracy" if "eval/accuracy" in rows[0] else "eval/exact_match"
-    before, after = rows[0][head], rows[-1][head]
     trained = [r for r in rows if r["step"] > 0]
-    seconds = sum(r["time/step"] for r in trained)
-    tokens = sum(r["rollout/response_len"] * per_step * n for r in trained)
-    stale = [r.get("rollout/staleness_mean", 0.0) for r in trained]
-    return [k, statistics.median(r["time/step"] for r in trained), tokens / seconds, 60 * len(trained) / seconds,
-            f"{before:.3f} -> {after:.3f}", (after - before) / len(trained), 60 * (after - before) / seconds,
-            statistics.mean(stale), max(r.get("rollout/staleness_max", 0.0) for r in trained),
-            statistics.mean(r.get("rollout/interrupted_frac", 0.0) for r in trained), wall]
+    return dict(rows=trained, wall=wall, gain=(rows[-1][head] - rows[0][head]) / len(trained),
+                tokens=sum(r["rollout/response_len"] * rollout["prompts_per_step"] * rollout["n_samples"]
+                           for r in trained))
+
+
+def median(runs: list[dict], key: str, fmt: str = "{:.3g}") -> str:
+    xs = [r[key] for run in runs for r in run["rows"][1:] if key in r]
+    return fmt.format(statistics.median(xs)) if xs else "-"
+
+
+def row(variant: str, runs: list[dict]) -> list:
+    gains = [r["gain"] for r in runs]
+    gain = f"{statistics.mean(gains):.4f}" + (f" ± {statistics.stdev(gains):.4f}" if len(gains) > 1 else "")
+    seconds = sum(r["time/step"] for run in runs for r in run["rows"])
+    pooled = [r for run in runs for r in run["rows"]]
+    return [variant, len(runs), median(runs, "time/step"), f"{sum(r['tokens'] for r in runs) / seconds:.1f}",
+            median(runs, "rollout/prefill_per_token"), median(runs, "rollout/driver_tokens", "{:.0f}"),
+            median(runs, "rollout/driver_cpu_s"), median(runs, "rollout/sync_pause_s"),
+            median(runs, "rollout/sync_wait_s"), gain,
+            f"{statistics.mean(r.get('rollout/staleness_mean', 0.0) for r in pooled):.2f}",
+            f"{statistics.mean(r.get('rollout/interrupted_frac', 0.0) for r in pooled):.2f}"]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("tiny", "real"), default="tiny")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--ks", default="0,1,2,4", help="comma-separated max_staleness values")
+    p.add_argument("--variants", default="k0,k1,k2", help="comma-separated: k<K>, k<K>-recompute, k<K>-chunked")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="the completions' budget (and eval's)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for every run, key=value")
     a = p.parse_args()
-    base = recipe(a.model)
-    rows = [one(int(k), base, a.steps, a.extra) for k in a.ks.split(",")]
-    k0 = next((r for r in rows if r[0] == 0), None)
-    print_table(["K", "s/step (median)", "trained tok/s", "vs K=0", "steps/min", "accuracy", "gain/step",
-                 "gain/min", "staleness mean", "max", "interrupted", "wall s"],
-                [[r[0], r[1], r[2], r[2] / k0[2] if k0 else float("nan"), *r[3:]] for r in rows])
+    base = recipe(a.model, a.max_new_tokens)
+    seeds = [int(s) for s in a.seeds.split(",")]
+    table = [row(v, [one(v, s, base, a.steps, a.extra) for s in seeds]) for v in a.variants.split(",")]
+    print_table(["variant", "seeds", "s/step", "trained tok/s", "prefill/generated", "driver tokens/step",
+                 "driver CPU s/step", "sync pause s", "of it waiting s", "acc gain/step", "staleness",
+                 "interrupted"], table)
 
 
 if __name__ == "__main__":

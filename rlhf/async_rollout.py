@@ -23,98 +23,17 @@ weights, so it is never staler than the step itself.
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field, replace
+import time
+from dataclasses import replace
 from typing import Callable, Optional
 
 import numpy as np
 
-from rollout.engine import Delta, EnvOutcome, Request, Sample, SamplingConfig
+from rlhf.ahead import DriverStats, Seq, StepRollout, staleness_metrics
+from rollout.engine import Request, Sample, SamplingConfig
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
 Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
-
-
-@dataclass
-class Seq:
-    """One sample in progress: its prompt, and its tokens so far with the log-prob and policy version of each. It
-    lives in engine `engine` as request `key` once `started` (never in a checkpoint: a resumed run starts it again
-    from its tokens so far)."""
-    prompt_ids: list[int]
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish: Optional[str] = None  # "stop" (an eos or stop token) or "length" (the budget or the context), once done
-    key: int = -1
-    engine: int = 0
-    started: bool = False
-
-    def take(self, delta: Delta, version: int) -> None:
-        """What its request produced while the engines held `version`."""
-        self.ids += delta.ids
-        self.logprobs += delta.logprobs
-        self.versions += [version] * len(delta.ids)
-        self.finish = delta.finish
-
-
-@dataclass
-class StepRollout:
-    """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
-    adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
-    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended (a checkpoint
-    keeps them; the trajectories of a step still being played are played again after a resume)."""
-    step: int
-    row_ids: list[int]
-    seqs: list[Seq]
-    stops: tuple[int, ...]
-    prompts_before: dict
-    turns: bool = False
-    whole: Optional[list[Sample]] = None
-
-    @property
-    def done(self) -> bool:
-        return self.whole is not None if self.turns else all(s.finish is not None for s in self.seqs)
-
-    def samples(self, n: int) -> list[Sample]:
-        if self.turns:
-            return self.whole
-        return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
-                       versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
-
-    def state(self) -> dict:
-        return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
-                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns,
-                "whole": None if self.whole is None else [_sample_state(s) for s in self.whole]}
-
-    @classmethod
-    def from_state(cls, d: dict) -> "StepRollout":
-        whole = d.get("whole")
-        return cls(d["step"], d["row_ids"], [Seq(**dict(s, started=False)) for s in d["seqs"]], tuple(d["stops"]),
-                   d["prompts_before"],
-                   d.get("turns", False), None if whole is None else [_sample_from_state(s) for s in whole])
-
-
-def _sample_state(s: Sample) -> dict:
-    """A finished trajectory as JSON (float32 log-probs survive the round trip through float64 exactly)."""
-    return {"prompt_index": s.prompt_index, "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
-            "rollout_logprobs": s.rollout_logprobs.tolist(), "finish_reason": s.finish_reason,
-            "completion_mask": s.completion_mask, "env": None if s.env is None else asdict(s.env),
-            "versions": None if s.versions is None else s.versions.tolist()}
-
-
-def _sample_from_state(d: dict) -> Sample:
-    return Sample(d["prompt_index"], d["prompt_ids"], d["completion_ids"],
-                  np.asarray(d["rollout_logprobs"], dtype=np.float32), d["finish_reason"], d["completion_mask"],
-                  None if d["env"] is None else EnvOutcome(**d["env"]),
-                  None if d["versions"] is None else np.asarray(d["versions"], dtype=np.int32))
-
-
-def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
-    """Per sample: how many versions its oldest token is behind the trainer's, and how many versions sampled it."""
-    versions = [s.versions if s.versions is not None and len(s.versions) else None for s in samples]
-    behind = np.array([0 if v is None else trainer_version - int(v.min()) for v in versions])
-    spans = np.array([0 if v is None else len(np.unique(v)) for v in versions])
-    return {"rollout/staleness_mean": float(behind.mean()), "rollout/staleness_max": float(behind.max()),
-            "rollout/versions_per_sample": float(spans.mean()), "rollout/interrupted_frac": float((spans > 1).mean())}
 
 
 class AsyncRollout:
@@ -130,13 +49,45 @@ class AsyncRollout:
         self.max_staleness, self.chunk_tokens, self.last_step = max_staleness, chunk_tokens, last_step
         self.version, self.next_step, self.keys = 0, 1, 0  # keys: samples drawn so far (each one's request key)
         self.calls = 0  # engine calls made
+        self.stats = DriverStats(len(engines.engines))
         self.queue: list[StepRollout] = []
         self.cond = threading.Condition()
         self.pausing = self.closed = False
         self.busy = 0  # engine calls in flight (a sync waits for none)
+        # engines Ray restarted, each with the call that brings it to the trainer's weights: made by the controller's
+        # thread (`owner`), the one that talks to the trainer ranks, never by the generator's
+        self.stale: dict[int, Callable[[int], None]] = {}
+        self.owner = threading.current_thread()
         self.error: Optional[BaseException] = None
         self.thread: Optional[threading.Thread] = None
         self.snapshot = self._state()
+
+    # ---- the controller's rollout source (rlhf.rollout_source.RolloutSource) ----
+    def generate(self, step: int, attempt: int) -> tuple[list[int], list[Sample], dict[str, float]]:
+        """Step `step`'s samples as they finish (a further round of dynamic sampling: new prompts, started now)."""
+        ahead = self.take(step) if attempt == 0 else self.refill(step)
+        samples = ahead.samples(self.sampling.n)
+        with self.cond:
+            driver = self.stats.read() if attempt == 0 and self.turns is None else {}
+        return ahead.row_ids, samples, {**staleness_metrics(samples, trainer_version=step - 1), **driver}
+
+    def trained(self, samples: list[Sample], step: int) -> dict[str, float]:
+        """The staleness of what step `step` trains, over all its rounds."""
+        return staleness_metrics(samples, trainer_version=step - 1)
+
+    def engine_memory(self):
+        from rlhf.rounds import EngineMemory
+        return EngineMemory(self.engines, asleep_between_steps=False)  # a generation is always in flight
+
+    def phase_metrics(self, tokens: float, seconds: float) -> dict[str, float]:
+        return {}  # no rollout phase: the step waits for samples generated while earlier steps trained
+
+    def state(self) -> dict:
+        return self.snapshot
+
+    def restore(self, state: dict, step: int) -> None:
+        self.prompts.load_state(state["prompts"])
+        self.load_state(state.get("async"), step)
 
     # ---- the trainer's side ----
     def take(self, step: int) -> StepRollout:
@@ -144,13 +95,41 @@ class AsyncRollout:
         if step > self.version + 1 + self.max_staleness:
             raise RuntimeError(f"step {step} cannot be generated by version {self.version} within max_staleness")
         self.start()
+        while True:
+            self._resync_restarted()
+            with self.cond:
+                while not self.stale and not (self.queue and self.queue[0].step == step and self.queue[0].done):
+                    self._raise_error()
+                    if self.queue and self.queue[0].step != step:
+                        raise RuntimeError(f"step {step} wants its rollout, but step {self.queue[0].step}'s is next")
+                    self.cond.wait()
+                if not self.stale:
+                    return self.queue.pop(0)
+
+    def on_restart(self, engine: int, resync: Callable[[int], None]) -> None:
+        """Ray restarted `engine` (rollout.group.RolloutGroup calls this before using it again): `resync(engine)`
+        brings it to the trainer's weights. Called on the controller's thread, that is done now; on the generator's
+        (or a turn's), the call waits until the controller's thread has done it, at its next `take` or `synced`."""
         with self.cond:
-            while not (self.queue and self.queue[0].step == step and self.queue[0].done):
-                self._raise_error()
-                if self.queue and self.queue[0].step != step:
-                    raise RuntimeError(f"step {step} wants its rollout, but step {self.queue[0].step}'s is next")
+            self.stale[engine] = resync
+            self.cond.notify_all()
+        if threading.current_thread() is self.owner:
+            return self._resync_restarted()
+        with self.cond:
+            while engine in self.stale and not self.closed:
                 self.cond.wait()
-            return self.queue.pop(0)
+
+    def _resync_restarted(self) -> None:
+        """The controller's thread: every restarted engine brought to the trainer's weights, the engines' current
+        version (the others receive the weights they hold), so no token is tagged with the wrong version."""
+        with self.cond:
+            stale = dict(self.stale)
+        for engine, resync in stale.items():
+            resync(engine)
+        with self.cond:
+            for engine in stale:
+                self.stale.pop(engine, None)
+            self.cond.notify_all()
 
     def refill(self, step: int) -> StepRollout:
         """Another round of new prompts for step `step` (the one being trained), generated ahead of the queue."""
@@ -167,17 +146,25 @@ class AsyncRollout:
                 self.thread.start()
 
     def synced(self, push: Callable[[], None], version: int) -> None:
-        """Run `push` (a weight sync) between two chunks; the engines then hold `version`."""
+        """Run `push` (a weight sync) between two engine calls; the engines then hold `version`."""
         with self.cond:
             self.pausing = True
-            while self.busy:
-                self.cond.wait()
-            self._raise_error()
+        start = time.perf_counter()
         try:
+            while True:  # a call in flight that met a restarted engine waits for its resync: done here, meanwhile
+                self._resync_restarted()
+                with self.cond:
+                    while self.busy and not self.stale:
+                        self.cond.wait()
+                    if not self.stale:
+                        break
+            self._raise_error()
+            waited = time.perf_counter() - start
             push()
             with self.cond:
                 self.version = version
                 self.snapshot = self._state()
+                self.stats.sync_wait, self.stats.sync_pause = waited, time.perf_counter() - start
         finally:
             with self.cond:
                 self.pausing = False
@@ -224,12 +211,14 @@ class AsyncRollout:
                     return
                 self.busy, version = self.busy + 1, self.version
             new, rows = work
-            deltas, lost = self.engines.advance(new, self.sampling, self.chunk_tokens, rows)
+            cpu = time.thread_time()
+            answers, lost = self.engines.advance(new, self.sampling, self.chunk_tokens, rows)
             with self.cond:
                 self.calls += 1
                 live = {s.key: s for b in self.queue for s in b.seqs if s.finish is None}
-                for d in (d for engine in deltas for d in engine):
+                for d in (d for a in answers for d in a.deltas):
                     live[d.key].take(d, version)
+                self.stats.call(sum(len(r.prompt_ids) for n in new for r in n), answers, time.thread_time() - cpu)
                 for s in live.values():
                     s.started = s.started and s.engine not in lost  # a restarted engine lost its requests
                 self.busy -= 1

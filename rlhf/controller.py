@@ -26,10 +26,10 @@ from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
 from rlhf.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
 from rlhf.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.loop import answer_metric, drive, resume_point, worker_died
-from rlhf.async_rollout import staleness_metrics
 from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
 from rlhf.placement import seed_per_prompt
-from rlhf.rounds import EngineMemory, Round, TokenScores, rollout_metrics, select_groups, teacher_kl
+from rlhf.rollout_source import rollout_source
+from rlhf.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
 from rlhf.startup import teacher_model
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
@@ -73,7 +73,10 @@ class RLController:
             from rollout.trajectory import TrajectoryRunner
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
                                                  cfg.env, r.max_model_len)
-        self.pipeline = self._async_rollout() if r.max_staleness > 0 else None  # generating ahead, in a thread
+        self.source = rollout_source(self.rollout, self.prompts, self.renderer, self._sampling, r.max_staleness,
+                                     r.chunk_tokens, cfg.trainer.max_steps, self.trajectories)
+        if r.max_engine_restarts > 0 and not self.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
+            self.rollout.on_restart = lambda engine: self.source.on_restart(engine, self._engine_restarted)
         self.trained_rows = TrainedRows(cfg.output_dir)
         self.startup = {**clock.times, **self.startup, "time/start_since_launch": since_launch()}
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name,
@@ -97,21 +100,6 @@ class RLController:
         self._setup_sync()
         print(f"weight sync: {self.channel}", flush=True)
         self.startup["time/start_engines"] += time.perf_counter() - engines_start
-        if r.max_engine_restarts > 0 and not self.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
-            self.rollout.on_restart = self._engine_restarted
-
-    def _async_rollout(self):
-        from rlhf.async_rollout import AsyncRollout
-        rows, r, sampling = self.prompts.rows, self.cfg.rollout, self._sampling(0, 0, ())
-
-        def encode(row_ids: list[int]):
-            prompts = [rows[i]["prompt"] for i in row_ids]
-            return [self.renderer.prompt_ids(p) for p in prompts], self.renderer.stop_ids(prompts)
-
-        def turns(row_ids: list[int], engines):  # multi-turn: whole trajectories, through the generator's gate
-            return self.trajectories.run([rows[i] for i in row_ids], sampling, engines)
-        return AsyncRollout(self.rollout, self.prompts, encode, sampling, r.max_staleness, r.chunk_tokens,
-                            self.cfg.trainer.max_steps, turns if self.trajectories else None)
 
     def _setup_sync(self) -> None:
         """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
@@ -155,8 +143,7 @@ class RLController:
             metrics["rollout/overlong_penalty_mean"] = overlong.mean().item()
         if distill is not None:  # opd: how far the student's samples are from the teacher
             metrics["rollout/teacher_kl"] = masked_mean(distill, rollout.loss_mask).item()
-        if self.pipeline is None:  # sampled tokens per second of the rollout phase (generated ahead: no such phase)
-            metrics["perf/rollout_tokens_per_s"] = rollout.loss_mask.sum().item() / max(t.times["time/rollout"], 1e-9)
+        metrics.update(self.source.phase_metrics(rollout.loss_mask.sum().item(), t.times["time/rollout"]))
         self.trained_rows.write(step, row_ids)
         return {**metrics, **t.times}
 
@@ -180,12 +167,9 @@ class RLController:
         return extra
 
     def _sync_weights(self, version: int) -> None:
-        """After update `version` (or a resume from it). Generating ahead (rollout.max_staleness), the engines finish
-        their chunk first: a sync sent now would wait behind it, and its deadline would have to cover it."""
-        if self.pipeline is not None:
-            self.pipeline.synced(self._push_weights, version)
-        else:
-            self._push_weights()
+        """After update `version` (or a resume from it), where the source lets it run (generating ahead: between
+        two engine calls, which a sync sent meanwhile would wait behind)."""
+        self.source.synced(self._push_weights, version)
 
     def _push_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
@@ -213,7 +197,7 @@ class RLController:
         a, want = self.cfg.algorithm, self.cfg.rollout.prompts_per_step
         self._offload_trainers(t)
         selecting = a.dynamic_sampling or self.per_round > want
-        with EngineMemory(self.rollout, asleep_between_steps=self.pipeline is None) as engines:
+        with self.source.engine_memory() as engines:
             if not selecting:  # the engines free the GPU for the reward and reference models as soon as they are done
                 r = self._round(step, 0, t, done_generating=engines.release)
                 return r.batch, r.metrics, r.row_ids
@@ -224,8 +208,7 @@ class RLController:
                     break
         # (asleep only now, not between rounds: a level-2 sleep discards the weights, and only a sync restores them)
         batch, metrics, row_ids = select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
-        if self.pipeline is not None:  # the staleness of what is trained, over all its rounds
-            metrics.update(staleness_metrics(batch.samples, trainer_version=step - 1))
+        metrics.update(self.source.trained(batch.samples, step))
         return batch, metrics, row_ids
 
     def _offload_trainers(self, t: PhaseTimer) -> None:
@@ -239,7 +222,7 @@ class RLController:
     def _round(self, step: int, attempt: int, t: PhaseTimer, done_generating: Callable[[], None] = lambda: None):
         """One rollout round: generate (or take what was generated ahead), then score; the first is dumped."""
         with t("rollout"):
-            row_ids, samples, metrics = self._generate(step, attempt)
+            row_ids, samples, metrics = self.source.generate(step, attempt)
         rows = [self.prompts.rows[i] for i in row_ids]
         done_generating()
         packed = samples_to_batch(samples, self.renderer.pad_id)
@@ -249,21 +232,6 @@ class RLController:
             self.dumps.write(step, rows, samples, scores, self.renderer)
         return Round(row_ids, RolloutBatch.of(samples, scores, self.renderer.pad_id, packed),
                      {**metrics, **scored}, informative_groups(scores, self.cfg.rollout.n_samples))
-
-    def _generate(self, step: int, attempt: int = 0) -> tuple[list[int], list, dict[str, float]]:
-        """(dataset rows, their samples, metrics) of step `step`'s rollout: generated now, or ahead (as it finishes;
-        its metrics say how stale)."""
-        if self.pipeline is not None:  # (a further round of dynamic sampling: new prompts, generated now)
-            ahead = self.pipeline.take(step) if attempt == 0 else self.pipeline.refill(step)
-            samples = ahead.samples(self.cfg.rollout.n_samples)
-            return ahead.row_ids, samples, staleness_metrics(samples, trainer_version=step - 1)
-        row_ids = self.prompts.next_ids()
-        if self.trajectories is not None:  # whole multi-turn trajectories (their stop ids: the runner's)
-            rows = [self.prompts.rows[i] for i in row_ids]
-            return row_ids, self.trajectories.run(rows, self._sampling(step, attempt, ())), {}
-        prompts = [self.prompts.rows[i]["prompt"] for i in row_ids]
-        sampling = self._sampling(step, attempt, self.renderer.stop_ids(prompts))
-        return row_ids, self.rollout.generate([self.renderer.prompt_ids(p) for p in prompts], sampling), {}
 
     def _sampling(self, step: int, attempt: int, stops: tuple[int, ...]) -> SamplingConfig:
         r = self.cfg.rollout
@@ -317,7 +285,7 @@ class RLController:
         """The rollout's metrics; its log-prob drift (and, with KL as a loss term, its KL) came from the update,
         which holds the old log-probs."""
         diff = trained.get("rollout/logprob_diff", 0.0)
-        if diff > self.warn_at and self.pipeline is None:  # else it holds updates
+        if diff > self.warn_at and trained.get("rollout/staleness_max", 0) == 0:  # else it holds updates too
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
@@ -349,16 +317,14 @@ class RLController:
 
     def driver_state(self) -> dict:
         """The data position; generating ahead, also the prompts in flight with their tokens at the last sync."""
-        return self.pipeline.snapshot if self.pipeline is not None else {"prompts": self.prompts.state()}
+        return self.source.state()
 
     def restore(self, folder: str, state: dict) -> None:
         """The checkpoint's weights and optimizer states into the workers, its weights into the engines."""
         self.policy.load_checkpoint(folder)
         if self.critic is not None:
             self.critic.load_checkpoint(folder)
-        self.prompts.load_state(state["prompts"])
-        if self.pipeline is not None:
-            self.pipeline.load_state(state.get("async"), state["step"])
+        self.source.restore(state, state["step"])
         self._sync_weights(state["step"])
 
     def save_final(self, out: str) -> None:
@@ -367,7 +333,7 @@ class RLController:
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
         raises again, and that must neither mask the first error nor leave the other parts running."""
-        parts = [("rollout ahead", self.pipeline.close if self.pipeline is not None else lambda: None),
+        parts = [("rollout source", self.source.close),
                  ("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
                  ("policy trainers", self.policy.kill)]
         if self.critic is not None:

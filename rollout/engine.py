@@ -77,6 +77,17 @@ class Delta:
     finish: Optional[str] = None
 
 
+@dataclass
+class Advanced:
+    """An `advance` call's answer: each kept request's `Delta`, and the engine's token counts since it started:
+    prompt tokens it computed (prefix-cache hits not counted; a context computed again is counted again) and tokens
+    it generated, for every request (evaluations included)."""
+
+    deltas: list[Delta]
+    prefill_tokens: int
+    generated_tokens: int
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`n` samples per prompt (token ids, or a text / message-list prompt the engine renders with

@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 
 from common.batch import even_spans
 from common.remote import WorkerDied, make_actor, ray_get
-from rollout.engine import Delta, Request, Sample, SamplingConfig
+from rollout.engine import Advanced, Request, Sample, SamplingConfig
 
 
 @dataclass
@@ -156,10 +156,11 @@ class RolloutGroup:
         return out
 
     def advance(self, new: list[list[Request]], sampling: SamplingConfig, steps: int,
-                rows: int) -> tuple[list[list[Delta]], list[int]]:
+                rows: int) -> tuple[list[Advanced], list[int]]:
         """In-flight generation (rollout.inflight): engine i starts `new[i]` and every engine runs `steps` steps of
-        its kept requests (`rows` of them in all, for the deadline). Returns each engine's deltas, and the engines
-        restarted meanwhile: their kept requests are gone, and the caller starts those again."""
+        its kept requests (`rows` of them in all, for the deadline). Returns each engine's answer, and the engines
+        restarted meanwhile: their kept requests are gone (and their counts start again), and the caller starts
+        those requests again."""
         lives, lost = list(self.lives), []
         refs = [e.advance.remote(n, sampling, steps) for e, n in zip(self.engines, new)]
         timeout = self.timeout_s or BASE_TIMEOUT_S + S_PER_TOKEN * steps * -(-rows // len(self.engines))
@@ -170,6 +171,10 @@ class RolloutGroup:
                 i = self._restart(e, dict(enumerate(lives)))
                 refs[i], lives[i] = self.engines[i].advance.remote([], sampling, 0), self.lives[i]
                 lost.append(i)
+
+    def counters(self) -> list[tuple[int, int]]:
+        """Each engine's (prompt tokens computed, tokens generated) since it (last) started."""
+        return [tuple(c) for c in self._each(lambda e: e.counters.remote())]
 
     def abort(self, keys: list[int]) -> None:
         """Drop these kept requests wherever they are."""

@@ -6,8 +6,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from rollout.engine import Delta, Request, Sample, SamplingConfig
-from rollout.inflight import RegeneratedRequests
+from rollout.engine import Advanced, Request, Sample, SamplingConfig
+from rollout.inflight import Counts, RegeneratedRequests
 from rollout.render import PromptRenderer, render_prompts
 
 
@@ -66,7 +66,7 @@ class HFEngine:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
         self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
         self.tempered_logprobs = tempered_logprobs
-        self.kept = RegeneratedRequests(self)
+        self.kept, self.counts = RegeneratedRequests(self), Counts()
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
@@ -86,6 +86,8 @@ class HFEngine:
         for start in range(0, len(expanded), self.batch_size):
             out += self._generate_batch(expanded[start:start + self.batch_size], sampling, gen)
         self.model.train(was_training)
+        self.counts.prefill += sum(len(p) for _, p in expanded)
+        self.counts.generated += sum(len(x.completion_ids) for x in out)
         return out
 
     def _generate_batch(self, items, sampling: SamplingConfig, gen: torch.Generator) -> list[Sample]:
@@ -123,7 +125,11 @@ class HFEngine:
                                   "stop" if stop else "length"))
         return samples
 
-    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+    def counters(self) -> tuple[int, int]:
+        """(prompt tokens computed, tokens generated) since the engine started: every context in full (no cache)."""
+        return self.counts.prefill, self.counts.generated
+
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         """In-flight generation (rollout.inflight): the kept requests' contexts are recomputed each call."""
         return self.kept.advance(new, sampling, steps)
 

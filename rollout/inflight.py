@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from rollout.engine import Delta, Request, SamplingConfig
+from rollout.engine import Advanced, Delta, Request, SamplingConfig
 
 
 @dataclass
@@ -29,6 +29,8 @@ class Live:
     sampling: SamplingConfig
     produced: list[int] = field(default_factory=list)
     delta: Optional[Delta] = None
+    prefilled: bool = False  # its context's prefill counted (Counts)
+    since: int = 0  # len(produced) when its current engine request started (its prompt holds what came before)
 
     def take(self, ids: list[int], logprobs: list[float], finish: Optional[str]) -> None:
         self.produced += ids
@@ -37,6 +39,19 @@ class Live:
         self.delta.ids += ids
         self.delta.logprobs += logprobs
         self.delta.finish = finish or self.delta.finish
+
+
+@dataclass
+class Counts:
+    """Tokens an engine computed: prompt (or context) tokens prefilled, not counting prefix-cache hits, and tokens
+    generated. Their ratio is how much context work each generated token cost."""
+    prefill: int = 0
+    generated: int = 0
+
+    def output(self, out) -> None:
+        """A finished vLLM RequestOutput (all its samples)."""
+        self.prefill += len(out.prompt_token_ids) - (out.num_cached_tokens or 0)
+        self.generated += sum(len(c.token_ids) for c in out.outputs)
 
 
 class KeptRequests:
@@ -49,14 +64,16 @@ class KeptRequests:
         self.live: dict[str, Live] = {}
         self.version = 0  # syncs seen: the prefix cache's salt
         self.lora_request = None
+        self.counts = Counts()
 
-    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         ended = [self._add(r, sampling) for r in new]
         for _ in range(steps):
             if not self.live or not self.engine.has_unfinished_requests():
                 break
             self._step()
-        return [d for d in ended if d is not None] + self._hand_out()
+        deltas = [d for d in ended if d is not None] + self._hand_out()
+        return Advanced(deltas, self.counts.prefill, self.counts.generated)
 
     def run_beside(self, inputs: list[dict], params: list) -> list:
         """`LLM.generate`'s work while requests are kept: these requests to their end (their final outputs, in
@@ -75,6 +92,8 @@ class KeptRequests:
         inflight_kv (recompute: preempted, re-prefilled by the new weights)."""
         self.version += 1
         recompute = self.inflight_kv == "recompute" and self.live
+        if recompute:  # what was prefilled is computed again
+            self._uncount()
         self.llm.reset_prefix_cache(reset_running_requests=bool(recompute))  # without running requests it succeeds
 
     def new_adapter(self, lora_request) -> None:
@@ -83,6 +102,7 @@ class KeptRequests:
         self.version += 1
         old, self.lora_request = self.live, lora_request
         self.engine.abort_request(list(old))
+        self._uncount()
         self.live = {}
         self.llm.reset_prefix_cache()  # (what the old adapter cached; nothing runs now)
         for rid, live in old.items():
@@ -90,6 +110,7 @@ class KeptRequests:
             again = replace(r, prompt_ids=r.prompt_ids + live.produced, max_tokens=r.max_tokens - len(live.produced))
             if self._add(again, live.sampling, rid=rid) is not None:  # no room left: it ends here
                 live.take([], [], "length")
+            live.since = len(live.produced)
             self.live[rid] = live
 
     def abort(self, keys: list[int]) -> None:
@@ -116,6 +137,11 @@ class KeptRequests:
         self.live.setdefault(rid, Live(r, sampling))
         return None
 
+    def _uncount(self) -> None:
+        """Every kept request will prefill its context again (counted with its next output)."""
+        for live in self.live.values():
+            live.prefilled = False
+
     def _step(self) -> dict[str, object]:
         """One engine step: kept requests' tokens recorded; finished outputs of other requests returned by id."""
         from rollout.vllm_engine import sampled_logprobs
@@ -126,8 +152,14 @@ class KeptRequests:
             if live is None:
                 if out.finished:
                     finished[out.request_id] = out
+                    self.counts.output(out)
                 continue
             c = out.outputs[0]
+            if not live.prefilled:  # its first output since its context was (again) prefilled
+                live.prefilled = True
+                context = len(out.prompt_token_ids) + len(live.produced) - live.since
+                self.counts.prefill += context - (out.num_cached_tokens or 0)
+            self.counts.generated += len(c.token_ids)
             logps = sampled_logprobs(c.logprobs).tolist() if c.token_ids else []
             finish = ("length" if c.finish_reason == "length" else "stop") if out.finished else None
             live.take(list(c.token_ids), logps, finish)
@@ -157,12 +189,14 @@ class RegeneratedRequests:
         self.live: dict[int, Live] = {}
         self.calls = 0
 
-    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
+        """(the engine's `counts`: a rollout.inflight.Counts its `generate` keeps)"""
         for r in new:
             self.live[r.key] = Live(r, sampling)
         live = list(self.live.values())
+        counts = self.engine.counts
         if not live:
-            return []
+            return Advanced([], counts.prefill, counts.generated)
         budgets = tuple(self._budget(x, steps) for x in live)
         stops = tuple(dict.fromkeys(t for x in live for t in x.request.stop_token_ids))
         seed = None if sampling.seed is None else sampling.seed + 100_003 * self.calls
@@ -181,7 +215,7 @@ class RegeneratedRequests:
             out.append(Delta(x.request.key, ids, s.rollout_logprobs[:len(ids)].tolist(), finish))
             if finish is not None:
                 del self.live[x.request.key]
-        return out
+        return Advanced(out, counts.prefill, counts.generated)
 
     def _budget(self, x: Live, steps: int) -> int:
         left = x.request.max_tokens - len(x.produced)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from common.net import cache_root
-from rollout.engine import Delta, Request, Sample, SamplingConfig
+from rollout.engine import Advanced, Request, Sample, SamplingConfig
 from rollout.inflight import KeptRequests
 from rollout.reap import actor_key, reap_orphans, record_children
 from rollout.render import render_prompts
@@ -122,6 +122,8 @@ class VLLMEngine:
             outputs = self.kept.run_beside(inputs, params)
         else:
             outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+            for out in outputs:
+                self.kept.counts.output(out)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -131,7 +133,11 @@ class VLLMEngine:
                                       "length" if c.finish_reason == "length" else "stop"))
         return samples
 
-    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> list[Delta]:
+    def counters(self) -> tuple[int, int]:
+        """(prompt tokens computed, not counting prefix-cache hits; tokens generated) since the engine started."""
+        return self.kept.counts.prefill, self.kept.counts.generated
+
+    def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         """In-flight generation (rollout.inflight): start `new` (kept until they end), run `steps` engine steps, and
         return what every kept request produced meanwhile (rollout.inflight.KeptRequests)."""
         self.sleep_state.check_can_generate()

@@ -226,3 +226,24 @@ def _check_resumes(start, saved: dict, first, later: dict, second: list) -> None
         assert (a.completion_ids, a.completion_mask, a.env, a.finish_reason) == \
             (b.completion_ids, b.completion_mask, b.env, b.finish_reason)
         assert np.array_equal(a.rollout_logprobs, b.rollout_logprobs) and np.array_equal(a.versions, b.versions)
+
+
+def test_a_restarted_engine_is_brought_up_to_date_by_the_controllers_thread(engines):
+    """An engine restart met by the generator's thread waits; the controller's thread (the one that talks to the
+    trainer ranks) pushes the weights at its next take, so no collective is ever sent from two threads."""
+    import threading
+
+    rows = [{"ids": [4 + i, 2]} for i in range(8)]
+    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=3), lambda ids: ([rows[i]["ids"] for i in ids], ()),
+                            SAMPLING, max_staleness=1, chunk_tokens=4, last_step=2)
+    calls = []
+    met = threading.Thread(target=pipeline.on_restart, name="generator",
+                           args=(0, lambda engine: calls.append((engine, threading.current_thread().name))))
+    met.start()
+    _wait_for(lambda: pipeline.stale)
+    time.sleep(0.2)
+    assert met.is_alive() and calls == []  # waiting for the controller's thread
+    assert pipeline.take(1).done
+    met.join(timeout=10)
+    assert not met.is_alive() and calls == [(0, threading.current_thread().name)]
+    pipeline.close()

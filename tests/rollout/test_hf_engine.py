@@ -69,7 +69,7 @@ def test_hf_engine_keeps_requests_across_calls_and_ends_them_at_max_model_len(ti
     got = {k: {"ids": [], "logprobs": [], "finish": None} for k in prompts}
     new = [Request(0, prompts[0], 9), Request(1, prompts[1], 9), Request(2, prompts[2], 9, stop_token_ids=(0,))]
     for _ in range(20):
-        for d in engine.advance(new, sampling, steps=2):
+        for d in engine.advance(new, sampling, steps=2).deltas:
             assert len(d.ids) <= 2
             got[d.key]["ids"] += d.ids
             got[d.key]["logprobs"] += d.logprobs

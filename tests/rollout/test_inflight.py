@@ -24,9 +24,9 @@ def group(ray_local, tiny_model_dir):
 
 def _advance(group, new=(), steps=4) -> dict[int, dict]:
     """One call; key -> {"ids", "logprobs", "finish"}."""
-    (deltas,), lost = group.advance([list(new)], SAMPLING, steps, rows=8)
+    (answer,), lost = group.advance([list(new)], SAMPLING, steps, rows=8)
     assert lost == []
-    return {d.key: {"ids": d.ids, "logprobs": d.logprobs, "finish": d.finish} for d in deltas}
+    return {d.key: {"ids": d.ids, "logprobs": d.logprobs, "finish": d.finish} for d in answer.deltas}
 
 
 def _until_done(group, kept: dict[int, dict], steps=4) -> None:
@@ -99,6 +99,19 @@ def _adapter(model_dir: str, out: str):
     return peft.eval(), files
 
 
+def test_a_kept_request_prefills_its_prompt_once_however_many_calls_it_takes(group):
+    """The engine's counts (rollout/prefill_per_token): a prompt computed once, then one token a step."""
+    (before,), _ = group.advance([[]], SAMPLING, 0, rows=1)
+    prompt = [9, 4, 17, 3, 25, 6, 8, 30, 2, 5, 41, 7]  # not seen before: no prefix-cache hit
+    kept = {30: {"ids": [], "logprobs": [], "finish": None}}
+    got = _advance(group, [Request(30, prompt, 16, seed=7)], steps=2)
+    kept[30].update(ids=list(got[30]["ids"]), finish=got[30]["finish"])
+    _until_done(group, kept, steps=2)  # eight calls or so, nothing sent but the first
+    (after,), _ = group.advance([[]], SAMPLING, 0, rows=1)
+    assert after.prefill_tokens - before.prefill_tokens == len(prompt)
+    assert after.generated_tokens - before.generated_tokens == len(kept[30]["ids"])
+
+
 def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(group, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -108,6 +121,7 @@ def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(gr
     got = _advance(group, [Request(20 + i, p, 16, seed=i) for i, p in enumerate(prompts)], steps=4)
     before = {20 + i: len(got[20 + i]["ids"]) for i in range(4)}
     assert set(before.values()) == {4}
+    (counted,), _ = group.advance([[]], SAMPLING, 0, rows=4)
     group.load_adapter(files)
     kept = {20 + i: dict(prompt=p, ids=list(got[20 + i]["ids"]), logprobs=list(got[20 + i]["logprobs"]),
                          finish=None) for i, p in enumerate(prompts)}
@@ -120,3 +134,5 @@ def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(gr
         assert np.abs(lp[n:] - after).max(initial=0) < 1e-3
         moved.append(np.abs(lp[n:] - _forced(base, k["prompt"], k["ids"])[n:]).mean())
     assert np.mean(moved) > 1e-2  # the adapter changes them: the check above can fail
+    (now,), _ = group.advance([[]], SAMPLING, 0, rows=4)  # each context (prompt + 4 tokens) prefilled again
+    assert now.prefill_tokens - counted.prefill_tokens == sum(len(p) + 4 for p in prompts)

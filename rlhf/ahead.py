@@ -1,0 +1,133 @@
+"""What generating ahead (rlhf.async_rollout) holds: each sample in progress, each step's prompts with their samples,
+their form in a checkpoint, and the staleness of what a step trains."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from rollout.engine import Delta, EnvOutcome, Sample
+
+
+@dataclass
+class Seq:
+    """One sample in progress: its prompt, and its tokens so far with the log-prob and policy version of each. It
+    lives in engine `engine` as request `key` once `started` (never in a checkpoint: a resumed run starts it again
+    from its tokens so far)."""
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: Optional[str] = None  # "stop" (an eos or stop token) or "length" (the budget or the context), once done
+    key: int = -1
+    engine: int = 0
+    started: bool = False
+
+    def take(self, delta: Delta, version: int) -> None:
+        """What its request produced while the engines held `version`."""
+        self.ids += delta.ids
+        self.logprobs += delta.logprobs
+        self.versions += [version] * len(delta.ids)
+        self.finish = delta.finish
+
+
+@dataclass
+class StepRollout:
+    """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
+    adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
+    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended (a checkpoint
+    keeps them; the trajectories of a step still being played are played again after a resume)."""
+    step: int
+    row_ids: list[int]
+    seqs: list[Seq]
+    stops: tuple[int, ...]
+    prompts_before: dict
+    turns: bool = False
+    whole: Optional[list[Sample]] = None
+
+    @property
+    def done(self) -> bool:
+        return self.whole is not None if self.turns else all(s.finish is not None for s in self.seqs)
+
+    def samples(self, n: int) -> list[Sample]:
+        if self.turns:
+            return self.whole
+        return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
+                       versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
+
+    def state(self) -> dict:
+        return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
+                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns,
+                "whole": None if self.whole is None else [_sample_state(s) for s in self.whole]}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "StepRollout":
+        whole = d.get("whole")
+        return cls(d["step"], d["row_ids"], [Seq(**dict(s, started=False)) for s in d["seqs"]], tuple(d["stops"]),
+                   d["prompts_before"],
+                   d.get("turns", False), None if whole is None else [_sample_from_state(s) for s in whole])
+
+
+def _sample_state(s: Sample) -> dict:
+    """A finished trajectory as JSON (float32 log-probs survive the round trip through float64 exactly)."""
+    return {"prompt_index": s.prompt_index, "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
+            "rollout_logprobs": s.rollout_logprobs.tolist(), "finish_reason": s.finish_reason,
+            "completion_mask": s.completion_mask, "env": None if s.env is None else asdict(s.env),
+            "versions": None if s.versions is None else s.versions.tolist()}
+
+
+def _sample_from_state(d: dict) -> Sample:
+    return Sample(d["prompt_index"], d["prompt_ids"], d["completion_ids"],
+                  np.asarray(d["rollout_logprobs"], dtype=np.float32), d["finish_reason"], d["completion_mask"],
+                  None if d["env"] is None else EnvOutcome(**d["env"]),
+                  None if d["versions"] is None else np.asarray(d["versions"], dtype=np.int32))
+
+
+def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:
+    """Per sample: how many versions its oldest token is behind the trainer's, and how many versions sampled it."""
+    versions = [s.versions if s.versions is not None and len(s.versions) else None for s in samples]
+    behind = np.array([0 if v is None else trainer_version - int(v.min()) for v in versions])
+    spans = np.array([0 if v is None else len(np.unique(v)) for v in versions])
+    return {"rollout/staleness_mean": float(behind.mean()), "rollout/staleness_max": float(behind.max()),
+            "rollout/versions_per_sample": float(spans.mean()), "rollout/interrupted_frac": float((spans > 1).mean())}
+
+
+class DriverStats:
+    """What generating a step cost the driver and the engines, accumulated as calls come back and read (then reset)
+    once a step: `rollout/driver_tokens` (token ids the driver sent to and received from the engines),
+    `rollout/driver_cpu_s` (CPU seconds of the generator's thread), `rollout/prefill_per_token` (prompt or context
+    tokens the engines computed, not counting prefix-cache hits, per token they generated), and of the last sync,
+    `rollout/sync_wait_s` (waiting for the engine call in flight) and `rollout/sync_pause_s` (pause to resume)."""
+
+    def __init__(self, engines: int):
+        self.last = [(0, 0)] * engines  # each engine's (prefill, generated) totals as last reported
+        self.tokens = self.cpu = self.prefill = self.generated = 0.0
+        self.sync_wait = self.sync_pause = 0.0
+
+    def call(self, sent: int, answers: list, cpu_s: float) -> None:
+        """One advance call: `sent` token ids out, each engine's rollout.engine.Advanced back."""
+        self.moved(sent + sum(len(d.ids) for a in answers for d in a.deltas))
+        self.cpu += cpu_s
+        self.counted([(a.prefill_tokens, a.generated_tokens) for a in answers])
+
+    def moved(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def counted(self, totals: list[tuple[int, int]]) -> None:
+        """Each engine's (prefill, generated) totals now (rollout.group.RolloutGroup.counters)."""
+        for i, (prefill, generated) in enumerate(totals):
+            p, g = self.last[i]
+            restarted = prefill < p or generated < g  # its counts began again
+            self.prefill += prefill - (0 if restarted else p)
+            self.generated += generated - (0 if restarted else g)
+            self.last[i] = (prefill, generated)
+
+    def read(self, ahead: bool = True) -> dict[str, float]:
+        """The metrics since the last read (`ahead` false: the synchronous loop's, which has no thread or pause)."""
+        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": self.prefill / max(self.generated, 1)}
+        if ahead:
+            out.update({"rollout/driver_cpu_s": self.cpu, "rollout/sync_wait_s": self.sync_wait,
+                        "rollout/sync_pause_s": self.sync_pause})
+        self.tokens = self.cpu = self.prefill = self.generated = 0.0
+        return out
