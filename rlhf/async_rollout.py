@@ -218,7 +218,8 @@ class AsyncRollout:
                 live = {s.key: s for b in self.queue for s in b.seqs if s.finish is None}
                 for d in (d for a in answers for d in a.deltas):
                     live[d.key].take(d, version)
-                self.stats.call(sum(len(r.prompt_ids) for n in new for r in n), answers, time.thread_time() - cpu)
+                sent = {id(r.prompt_ids): len(r.prompt_ids) for n in new for r in n}  # (shared lists go once)
+                self.stats.call(sum(sent.values()), answers, time.thread_time() - cpu)
                 for s in live.values():
                     s.started = s.started and s.engine not in lost  # a restarted engine lost its requests
                 self.busy -= 1
@@ -278,15 +279,18 @@ class AsyncRollout:
             return StepRollout(step, row_ids, [], (), before, turns=True)
         prompt_ids, stops = self.encode(row_ids)
         n, engines = self.sampling.n, len(self.engines.engines)
-        seqs = [Seq(list(p), key=self.keys + i, engine=(self.keys // n + i // n) % engines)
-                for i, p in enumerate(p for p in prompt_ids for _ in range(n))]
+        # a group's samples share one prompt list: pickled once in a call that starts them
+        shared = [list(p) for p in prompt_ids]
+        seqs = [Seq(p, key=self.keys + i, engine=(self.keys // n + i // n) % engines)
+                for i, p in enumerate(p for p in shared for _ in range(n))]
         self.keys += len(seqs)
         return StepRollout(step, row_ids, seqs, stops, before)
 
     def _request(self, s: Seq, stops: tuple[int, ...]) -> Request:
         """`s` as an engine request: from its tokens so far (none, unless a checkpoint or a restart left some)."""
         seed = None if self.sampling.seed is None else self.sampling.seed + s.key + 100_003 * len(s.ids)
-        return Request(s.key, s.prompt_ids + s.ids, self.sampling.max_new_tokens - len(s.ids), seed, stops)
+        context = s.prompt_ids + s.ids if s.ids else s.prompt_ids
+        return Request(s.key, context, self.sampling.max_new_tokens - len(s.ids), seed, stops)
 
     def _state(self) -> dict:
         """What a checkpoint saves: the synchronous loop's data position (before the queued prompts), and this

@@ -29,8 +29,6 @@ class Live:
     sampling: SamplingConfig
     produced: list[int] = field(default_factory=list)
     delta: Optional[Delta] = None
-    prefilled: bool = False  # its context's prefill counted (Counts)
-    since: int = 0  # len(produced) when its current engine request started (its prompt holds what came before)
 
     def take(self, ids: list[int], logprobs: list[float], finish: Optional[str]) -> None:
         self.produced += ids
@@ -48,10 +46,17 @@ class Counts:
     prefill: int = 0
     generated: int = 0
 
-    def output(self, out) -> None:
-        """A finished vLLM RequestOutput (all its samples)."""
-        self.prefill += len(out.prompt_token_ids) - (out.num_cached_tokens or 0)
-        self.generated += sum(len(c.token_ids) for c in out.outputs)
+
+def vllm_counts(llm) -> Counts:
+    """vLLM's own counters (its engine must log stats): prompt tokens computed locally (every request's and sample's
+    prefill, a preempted one's again; prefix-cache hits not counted) and tokens generated, since it started."""
+    out = Counts()
+    for m in llm.get_metrics():
+        if m.name == "vllm:prompt_tokens_by_source" and m.labels.get("source") == "local_compute":
+            out.prefill += int(m.value)
+        elif m.name == "vllm:generation_tokens":
+            out.generated += int(m.value)
+    return out
 
 
 class KeptRequests:
@@ -64,7 +69,6 @@ class KeptRequests:
         self.live: dict[str, Live] = {}
         self.version = 0  # syncs seen: the prefix cache's salt
         self.lora_request = None
-        self.counts = Counts()
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         ended = [self._add(r, sampling) for r in new]
@@ -73,7 +77,8 @@ class KeptRequests:
                 break
             self._step()
         deltas = [d for d in ended if d is not None] + self._hand_out()
-        return Advanced(deltas, self.counts.prefill, self.counts.generated)
+        counts = vllm_counts(self.llm)
+        return Advanced(deltas, counts.prefill, counts.generated)
 
     def run_beside(self, inputs: list[dict], params: list) -> list:
         """`LLM.generate`'s work while requests are kept: these requests to their end (their final outputs, in
@@ -92,8 +97,6 @@ class KeptRequests:
         inflight_kv (recompute: preempted, re-prefilled by the new weights)."""
         self.version += 1
         recompute = self.inflight_kv == "recompute" and self.live
-        if recompute:  # what was prefilled is computed again
-            self._uncount()
         self.llm.reset_prefix_cache(reset_running_requests=bool(recompute))  # without running requests it succeeds
 
     def new_adapter(self, lora_request) -> None:
@@ -102,7 +105,6 @@ class KeptRequests:
         self.version += 1
         old, self.lora_request = self.live, lora_request
         self.engine.abort_request(list(old))
-        self._uncount()
         self.live = {}
         self.llm.reset_prefix_cache()  # (what the old adapter cached; nothing runs now)
         for rid, live in old.items():
@@ -110,7 +112,6 @@ class KeptRequests:
             again = replace(r, prompt_ids=r.prompt_ids + live.produced, max_tokens=r.max_tokens - len(live.produced))
             if self._add(again, live.sampling, rid=rid) is not None:  # no room left: it ends here
                 live.take([], [], "length")
-            live.since = len(live.produced)
             self.live[rid] = live
 
     def abort(self, keys: list[int]) -> None:
@@ -137,11 +138,6 @@ class KeptRequests:
         self.live.setdefault(rid, Live(r, sampling))
         return None
 
-    def _uncount(self) -> None:
-        """Every kept request will prefill its context again (counted with its next output)."""
-        for live in self.live.values():
-            live.prefilled = False
-
     def _step(self) -> dict[str, object]:
         """One engine step: kept requests' tokens recorded; finished outputs of other requests returned by id."""
         from rollout.vllm_engine import sampled_logprobs
@@ -152,14 +148,8 @@ class KeptRequests:
             if live is None:
                 if out.finished:
                     finished[out.request_id] = out
-                    self.counts.output(out)
                 continue
             c = out.outputs[0]
-            if not live.prefilled:  # its first output since its context was (again) prefilled
-                live.prefilled = True
-                context = len(out.prompt_token_ids) + len(live.produced) - live.since
-                self.counts.prefill += context - (out.num_cached_tokens or 0)
-            self.counts.generated += len(c.token_ids)
             logps = sampled_logprobs(c.logprobs).tolist() if c.token_ids else []
             finish = ("length" if c.finish_reason == "length" else "stop") if out.finished else None
             live.take(list(c.token_ids), logps, finish)

@@ -14,7 +14,7 @@ import torch
 
 from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
-from rollout.inflight import KeptRequests
+from rollout.inflight import KeptRequests, vllm_counts
 from rollout.reap import actor_key, reap_orphans, record_children
 from rollout.render import render_prompts
 from rollout.sleep import SleepState
@@ -93,6 +93,7 @@ class VLLMEngine:
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+                       disable_log_stats=False,  # its token counters (rollout/prefill_per_token)
                        logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs", **kwargs)
         if multiprocess:
             gc.unfreeze()
@@ -122,8 +123,6 @@ class VLLMEngine:
             outputs = self.kept.run_beside(inputs, params)
         else:
             outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
-            for out in outputs:
-                self.kept.counts.output(out)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -135,7 +134,8 @@ class VLLMEngine:
 
     def counters(self) -> tuple[int, int]:
         """(prompt tokens computed, not counting prefix-cache hits; tokens generated) since the engine started."""
-        return self.kept.counts.prefill, self.kept.counts.generated
+        counts = vllm_counts(self.llm)
+        return counts.prefill, counts.generated
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         """In-flight generation (rollout.inflight): start `new` (kept until they end), run `steps` engine steps, and
