@@ -110,9 +110,7 @@ class ActorGroup:
         self._all(lambda a: a.load_checkpoint.remote(path))
 
     def kill(self) -> None:
-        import ray
-        for a in self.actors:
-            ray.kill(a)
+        kill_actors(self.actors)
         self.actors = []
 
 
@@ -150,10 +148,15 @@ class Replicas:
         return torch.cat(ray_get(refs, self.timeout_s, [self.roles[i] for i, _, _ in spans]))
 
     def kill(self) -> None:
-        import ray
-        for a in self.actors:
-            ray.kill(a)
+        kill_actors(self.actors)
         self.actors = []
+
+
+def kill_actors(actors: list) -> None:
+    """End every actor of `actors` (no restart: `ray.kill` is final)."""
+    import ray
+    for a in actors:
+        ray.kill(a)
 
 
 def _placement_only(options: dict) -> dict:

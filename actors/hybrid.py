@@ -13,21 +13,15 @@ from typing import Optional
 from actors.policy import PolicyTrainer
 from rollout.sync.buckets import TensorSpec
 
-# The trainer calls a RolloutGroup, an ActorGroup and the controller make on a policy rank; each is the rank's
-# PolicyTrainer's own (Ray finds an actor's methods on its class, so they are defined below, one per name).
-TRAINER_CALLS = ("train_step", "sft_step", "dpo_step", "step_logprobs", "compute_logprobs", "compute_ref_logprobs",
-                 "offload", "export_adapter", "weight_specs", "export_weights", "save_hf", "save_checkpoint",
-                 "load_checkpoint", "sync_address", "sender_opened", "send_weights", "sync_fingerprints")
 
-
-class HybridWorker:
-    """A policy rank (a `PolicyTrainer`) and its rollout engine, composed in one actor: it answers the trainer calls
-    (TRAINER_CALLS, by delegation) and the engine calls a `RolloutGroup` makes (generate, load_adapter, sleep,
+class HybridWorker(PolicyTrainer):
+    """A policy rank (a `PolicyTrainer`, whose calls it answers as its own) with its rollout engine in the same
+    actor, which answers the engine calls a `RolloutGroup` makes too (generate, counters, load_adapter, sleep,
     wake_up, process_ids, shutdown). Ray runs one call at a time per actor: the phases take turns, as they do when
     they share a GPU."""
 
     def __init__(self, model_path: str, tr, engine_cls: type, engine_kwargs: dict, **trainer_kwargs):
-        self.trainer = PolicyTrainer(model_path, tr, **trainer_kwargs)
+        super().__init__(model_path, tr, **trainer_kwargs)
         self.engine = engine_cls(model_path, **engine_kwargs)
 
     # ---- the engine's side ----
@@ -54,19 +48,8 @@ class HybridWorker:
 
     # ---- the sync: this rank's engine is in this process ----
     def open_sender(self, channel: str, host: str, port: int, plan: list[list[TensorSpec]], world_size: int = 0,
-                    engines: Optional[list[int]] = None) -> dict:
+                    engines: Optional[list[int]] = None, verify: bool = False, local_engine=None) -> dict:
         if channel != "local":
             raise ValueError(f"a hybrid worker syncs its own engine in-process (channel 'local'), not {channel!r}")
-        return self.trainer.open_sender("local", host, port, plan, local_engine=self.engine)
+        return super().open_sender("local", host, port, plan, verify=verify, local_engine=self.engine)
 
-
-def _delegate(name: str):
-    def call(self, *args, **kwargs):
-        return getattr(self.trainer, name)(*args, **kwargs)
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = getattr(PolicyTrainer, name).__doc__
-    return call
-
-
-for _name in TRAINER_CALLS:
-    setattr(HybridWorker, _name, _delegate(_name))

@@ -89,6 +89,7 @@ class Estimator:
     fn: Callable[[EstimatorInputs], Result]
     needs_critic: bool = False  # the controller starts a critic and passes its values
     min_group_size: int = 1  # below this every advantage would be 0 (a group compares its own samples)
+    from_rewards: bool = True  # the rewards drive the advantages (opd: the teacher does, the task only by task_coef)
 
 
 ESTIMATORS: dict[str, Estimator] = {
@@ -96,7 +97,7 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": Estimator(rloo, min_group_size=2),
     "reinforce_pp": Estimator(reinforce_pp),
     "ppo": Estimator(ppo, needs_critic=True),
-    "opd": Estimator(opd),
+    "opd": Estimator(opd, from_rewards=False),
 }
 
 

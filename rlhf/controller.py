@@ -127,13 +127,14 @@ class RLController:
         overlong, distill = self._overlong(rollout), teacher_kl(rollout, scores)  # DAPO's shaping, opd's signal
         advantages, returns, kl = self._advantages(rollout, scores, overlong, distill)
         # token-budget micro-batches: each mini-batch's rows are dealt to the ranks by length
-        deal = len(rollout.input_ids) // self.cfg.trainer.batch_size \
+        mini_batches = len(rollout.input_ids) // self.cfg.trainer.batch_size \
             if self.cfg.trainer.max_tokens_per_micro_batch else 0
         with t("train"):
-            metrics.update(self.policy.train_step(shipped, a, deal, extra=self._policy_inputs(scores, advantages)))
+            metrics.update(self.policy.train_step(shipped, a, mini_batches,
+                                                  extra=self._policy_inputs(scores, advantages)))
             if self.critic is not None:
-                metrics.update(self.critic.train_step(shipped, a, deal, extra={"old_values": scores.old_values,
-                                                                               "returns": returns}))
+                metrics.update(self.critic.train_step(shipped, a, mini_batches,
+                                                      extra={"old_values": scores.old_values, "returns": returns}))
         with t("sync"):
             self._sync_weights(step)
         if self.verified:  # rollout.verify_sync_every: this step's sync was checked, tensor by tensor
@@ -276,8 +277,8 @@ class RLController:
             if scores.ref_logprobs is not None and a.kl_in_reward else None
         rewards = rollout.rewards if overlong is None else rollout.rewards + overlong
         advantages, returns = self.estimator.fn(EstimatorInputs(
-            rewards, rollout.loss_mask, self.cfg.rollout.n_samples, kl, a.kl_coef, scores.old_values,
-            a.gamma, a.lam, a.scale_by_std, distill, a.opd_task_coef))
+            rewards, rollout.loss_mask, self.cfg.rollout.n_samples, kl=kl, kl_coef=a.kl_coef, values=scores.old_values,
+            gamma=a.gamma, lam=a.lam, scale_by_std=a.scale_by_std, teacher_kl=distill, task_coef=a.opd_task_coef))
         return advantages, returns, kl
 
     def _rollout_metrics(self, rollout: RolloutBatch, kl: Optional[torch.Tensor],
@@ -289,7 +290,7 @@ class RLController:
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
-        from_rewards = self.cfg.algorithm.name != "opd" or self.cfg.algorithm.opd_task_coef > 0
+        from_rewards = self.estimator.from_rewards or self.cfg.algorithm.opd_task_coef > 0
         return {**rollout_metrics(rollout, kl, self.cfg.rollout.n_samples, from_rewards),
                 "rollout/engine_restarts": float(self.rollout.restarts)}
 
