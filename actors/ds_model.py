@@ -208,8 +208,8 @@ class DSModel:
         return out
 
     def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str, unit: int = 1) -> dict[str, float]:
-        """Forward/backward over length-grouped micro-batches of `mini` (common.batch.length_grouped: rows in `unit`s;
-        each micro-batch's `row` holds its rows' positions in `mini`), then one optimizer step.
+        """Forward/backward over length-grouped micro-batches of `mini` (common.batch.length_grouped: rows in
+        `unit`s), then one optimizer step.
 
         Each micro-batch loss is divided by the *global* count (tokens for token-mean, else sequences) times the
         world size, since DeepSpeed averages gradients over ranks: the update equals the loss over the whole
@@ -220,7 +220,7 @@ class DSModel:
         """
         count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
         normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
-        micro_batches = [dict(mb, row=rows) for rows, mb in self._micro_batches(mini, unit)]
+        micro_batches = [mb for _, mb in self._micro_batches(mini, unit)]
         loss_sum, grad_norm, sums, weight, bad = 0.0, None, {}, 0.0, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):

@@ -24,7 +24,6 @@ class ActorGroup:
         probe = ray.remote(node_address).options(num_cpus=0, **_placement_only(options[0]))
         addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
         self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
-        self._order: Optional[torch.Tensor] = None  # the last train_step's row order (dealt by length), if any
         self.roles = [f"{role} {i}" for i in range(world_size)]
         self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size, master_addr=addr,
                                   master_port=port, **kwargs) for i in range(world_size)]
@@ -59,23 +58,14 @@ class ActorGroup:
         into it by each rank. With `mini_batches` = n > 0 (token-budget micro-batches), the rows of each of the n
         mini-batches are dealt to the ranks by length (common.packing.deal_by_length), so no rank waits for one
         that got the long rows."""
-        self._order, extra = None, extra or {}
+        extra = extra or {}
         if mini_batches and self.world_size > 1:
             rows = {**(batch.batch if isinstance(batch, Shipped) else batch), **extra}
-            self._order = deal_by_length(rows["attention_mask"].sum(1), self.world_size, mini_batches)
-            batch, extra = {k: v[self._order] for k, v in rows.items()}, {}
+            order = deal_by_length(rows["attention_mask"].sum(1), self.world_size, mini_batches)
+            batch, extra = {k: v[order] for k, v in rows.items()}, {}
         extras = shards(extra, self.world_size) if extra else [None] * self.world_size
         return self._wait([a.train_step.remote(shard, algo, more)
                            for a, shard, more in zip(self.actors, self._shards(batch), extras)])[0]
-
-    def step_logprobs(self) -> torch.Tensor:
-        """The last train_step's own log-probs, in the batch's row order."""
-        out = torch.cat(self._all(lambda a: a.step_logprobs.remote()))
-        if self._order is None:
-            return out
-        restored = torch.empty_like(out)
-        restored[self._order] = out
-        return restored
 
     def compute_logprobs(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))

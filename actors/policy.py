@@ -19,7 +19,7 @@ from algorithms.dpo import dpo_loss
 from algorithms.kl import kl_estimate
 from algorithms.ppo import policy_loss
 from algorithms.sft import nll_loss
-from common.batch import Batch, scatter_rows, sequence_logprobs
+from common.batch import Batch, sequence_logprobs
 from common.dtypes import DTYPES, weights_dtype
 from common.net import node_address
 from common.options import AlgorithmConfig, LoraConfig, TrainerConfig, precision_of
@@ -104,17 +104,14 @@ class PolicyTrainer:
 
         Rows hold old_logprobs too, unless the update is a single on-policy step (one epoch, one mini-batch): then
         the weights are still those that generated the rollout, the old log-probs are this forward's own (detached;
-        ratio 1, the same gradient), a separate forward pass is saved, and `step_logprobs()` returns them."""
+        ratio 1, the same gradient), and a separate forward pass is saved."""
         fused = "old_logprobs" not in batch
         if fused and (algo.ppo_epochs != 1 or len(batch["input_ids"]) * self.ds.world_size != self.cfg.batch_size):
             raise ValueError("rl_step without old_logprobs needs ppo_epochs == 1 and one mini-batch per rollout")
-        kept: list[torch.Tensor] = []
 
         def loss_fn(mb: Batch, out, normalizer: float):
             logp, entropy = shifted_logprobs_entropy(mb, out, self.temperature)
             old = logp.detach() if fused else mb["old_logprobs"]
-            if fused:
-                kept.append((mb["row"].cpu(), old.cpu()))
             loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], clip_low=algo.clip_low,
                                   clip_high=algo.clip_high, dual_clip=algo.dual_clip,
                                   rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
@@ -132,13 +129,7 @@ class PolicyTrainer:
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
-        rows, width = batch["input_ids"].shape
-        self._step_logprobs = scatter_rows(kept, rows, width - 1) if fused else None
         return metrics
-
-    def step_logprobs(self) -> torch.Tensor:
-        """This rank's log-probs of its rows from the last rl_step without old_logprobs, taken before the update."""
-        return self._step_logprobs
 
     def dpo_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """One optimizer step of DPO on interleaved pairs (see common.batch.pack_pairs); rows also hold ref_logps (B,),

@@ -110,12 +110,6 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
     return batch
 
 
-def logprob_diff(trainer_logprobs: torch.Tensor, batch: Batch) -> float:
-    """Mean |rollout_logprobs - trainer log-probs| over sampled tokens: the engine/trainer agreement check."""
-    mask = batch["loss_mask"]
-    return ((trainer_logprobs - batch["rollout_logprobs"]).abs() * mask).sum().item() / max(mask.sum().item(), 1)
-
-
 def pack_pairs(prompts: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]],
                rejected: Sequence[Sequence[int]], pad_id: int) -> Batch:
     """Preference pairs as 2B interleaved rows (chosen 0, rejected 0, chosen 1, ...), so any even split keeps each

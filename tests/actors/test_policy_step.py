@@ -1,6 +1,6 @@
 """A single on-policy update (one epoch, one mini-batch) takes its old log-probs from the training forward itself:
-the same update as with a separate log-prob pass, and `step_logprobs()` returns that pass's values in row order;
-either way the update reports the rollout's log-prob drift and KL from the old log-probs it holds."""
+the same update as with a separate log-prob pass; either way the update reports the rollout's log-prob drift and KL
+from the old log-probs it holds (an engine off by a constant on every token shows as exactly that constant)."""
 import math
 from dataclasses import replace
 
@@ -28,7 +28,6 @@ def test_fused_old_logprobs_give_the_same_update(tiny_model_dir):
     b = fused.train_step(dict(batch, rollout_logprobs=rollout, ref_logprobs=ref), algo,
                          extra={"advantages": advantages})  # the step's extra tensors, merged by the worker
 
-    assert torch.allclose(fused.step_logprobs(), old, atol=1e-6)
     for m in (a, b):
         assert m["rollout/logprob_diff"] == pytest.approx(0.25, abs=1e-5)
         assert m["rollout/kl"] == pytest.approx(math.exp(-0.5) + 0.5 - 1, abs=1e-5)  # k3 at ref - old = -0.5

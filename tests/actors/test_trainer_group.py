@@ -4,6 +4,7 @@ import torch
 
 from actors.group import ActorGroup
 from algorithms.sft import sft_loss
+from common.packing import deal_by_length
 from common.remote import WorkerDied
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
@@ -94,8 +95,8 @@ def test_reference_copies_score_like_one(tiny_model_dir, ray_local):
 @pytest.mark.slow
 def test_rows_dealt_to_ranks_by_length_come_back_in_row_order(ray_local, tiny_model_dir):
     """Token-budget training deals each mini-batch's rows to the ranks by length, also for a shipped batch with
-    its extra tensors; the fused old log-probs (step_logprobs) still come back in the batch's order, equal to a
-    separate pass before the update, and the update's rollout/logprob_diff (computed on the ranks) sees that."""
+    its extra tensors: each rank's fused old log-probs then match the engine log-probs dealt with them (the
+    update's rollout/logprob_diff, computed on the ranks, is 0 only if every row met its own)."""
     from actors.policy import PolicyTrainer
     from rlhf.config import AlgorithmConfig
 
@@ -107,11 +108,15 @@ def test_rows_dealt_to_ranks_by_length_come_back_in_row_order(ray_local, tiny_mo
         old = group.compute_logprobs(rows)
         assert torch.equal(old, group.compute_logprobs(batch))
         advantages = torch.randn(16, 1, generator=torch.Generator().manual_seed(0)) * batch["loss_mask"]
-        metrics = group.train_step(group.ship(dict(batch, rollout_logprobs=old)), AlgorithmConfig(), mini_batches=1,
-                                   extra={"advantages": advantages})
+        order = deal_by_length(batch["attention_mask"].sum(1), 2, 1)
+        assert not torch.equal(order, torch.arange(16))  # the rows are dealt, not cut in halves
+
+        def update(engine_logprobs: torch.Tensor) -> dict:
+            return group.train_step(group.ship(dict(batch, rollout_logprobs=engine_logprobs)), AlgorithmConfig(),
+                                    mini_batches=1, extra={"advantages": advantages})
+        assert update(old.roll(1, 0))["rollout/logprob_diff"] > 1e-2  # a row meeting another's log-probs shows
+        now = group.compute_logprobs(rows)  # (that update moved the weights)
+        metrics = update(now)
         assert metrics["rollout/logprob_diff"] < 1e-6 and metrics["train/grad_norm"] > 0
-        assert not torch.equal(group._order, torch.arange(16))  # the rows were dealt, not cut in halves
-        real = batch["attention_mask"][:, 1:].bool()  # past a row's end the values are padding
-        assert torch.allclose(group.step_logprobs()[real], old[real], atol=1e-6)
     finally:
         group.kill()

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from algorithms.logprobs import token_logprobs
-from common.batch import logprob_diff, samples_to_batch
+from common.batch import samples_to_batch
 from rollout.engine import SamplingConfig
 from rollout.hf_engine import HFEngine
+from tests.rollout.agreement import logprob_diff
 
 
 def test_hf_engine_samples_and_logprobs(tiny_model_dir):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from algorithms.logprobs import token_logprobs
-from common.batch import logprob_diff, samples_to_batch
+from common.batch import samples_to_batch
 from common.errors import UserError
 from common.options import EnvConfig
 from rollout.engine import SamplingConfig
@@ -13,6 +13,7 @@ from rollout.env import StepResult, call_tool, load_environment
 from rollout.guess import GuessNumber, demonstration
 from rollout.render import PromptRenderer
 from tests.envs.toy import Echo
+from tests.rollout.agreement import logprob_diff
 
 ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_mb=16)
 

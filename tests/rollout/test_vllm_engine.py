@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from actors.hybrid import HybridWorker
-from common.batch import logprob_diff, samples_to_batch
+from common.batch import samples_to_batch
 from common.remote import make_actor, ray_get
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.sft import tokenize_sft
@@ -16,6 +16,7 @@ from rollout.group import RolloutGroup
 from rollout.sync import setup_sync, sync_weights
 from rollout.render import PromptRenderer
 from rollout.sync.buckets import plan_buckets
+from tests.rollout.agreement import logprob_diff
 
 T = 300
 ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)
