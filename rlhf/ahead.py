@@ -36,37 +36,37 @@ class Seq:
 class StepRollout:
     """The prompts one step trains on (dataset row ids, drawn when the generator started them), n samples each,
     adjacent; `prompts_before` is the data position before they were drawn (where a synchronous resume redraws
-    them). Multi-turn (`turns`): no `seqs`; `whole` holds the trajectories once every one has ended (a checkpoint
+    them). Multi-turn (`multi_turn`): no `seqs`; `whole` holds the trajectories once every one has ended (a checkpoint
     keeps them; the trajectories of a step still being played are played again after a resume)."""
     step: int
     row_ids: list[int]
     seqs: list[Seq]
     stops: tuple[int, ...]
     prompts_before: dict
-    turns: bool = False
+    multi_turn: bool = False
     whole: Optional[list[Sample]] = None
 
     @property
     def done(self) -> bool:
-        return self.whole is not None if self.turns else all(s.finish is not None for s in self.seqs)
+        return self.whole is not None if self.multi_turn else all(s.finish is not None for s in self.seqs)
 
     def samples(self, n: int) -> list[Sample]:
-        if self.turns:
+        if self.multi_turn:
             return self.whole
         return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
                        versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
 
     def state(self) -> dict:
         return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
-                "stops": list(self.stops), "prompts_before": self.prompts_before, "turns": self.turns,
+                "stops": list(self.stops), "prompts_before": self.prompts_before, "multi_turn": self.multi_turn,
                 "whole": None if self.whole is None else [_sample_state(s) for s in self.whole]}
 
     @classmethod
     def from_state(cls, d: dict) -> "StepRollout":
         whole = d.get("whole")
+        multi_turn = d.get("multi_turn", d.get("turns", False))  # ("turns" in checkpoints of 2026-12-03)
         return cls(d["step"], d["row_ids"], [Seq(**dict(s, started=False)) for s in d["seqs"]], tuple(d["stops"]),
-                   d["prompts_before"],
-                   d.get("turns", False), None if whole is None else [_sample_from_state(s) for s in whole])
+                   d["prompts_before"], multi_turn, None if whole is None else [_sample_from_state(s) for s in whole])
 
 
 def _sample_state(s: Sample) -> dict:

@@ -203,6 +203,23 @@ class AsyncRollout:
                 self.error, self.busy = e, 0
                 self.cond.notify_all()
 
+    # ---- engine calls: a sync waits for those in flight, and new ones wait for it ----
+    def begin_call(self) -> int:
+        """Before an engine call from the generator's side: waits while a sync is waiting (raises Closed once
+        closed); the engines' version, which the call's tokens carry. Every begin_call has its end_call."""
+        with self.cond:
+            while self.pausing and not self.closed:
+                self.cond.wait()
+            if self.closed:
+                raise Closed()
+            self.busy += 1
+            return self.version
+
+    def end_call(self) -> None:
+        with self.cond:
+            self.busy -= 1
+            self.cond.notify_all()
+
     def _run_inflight(self) -> None:
         while True:
             with self.cond:
@@ -276,7 +293,7 @@ class AsyncRollout:
         before = self.prompts.state()
         row_ids = self.prompts.next_ids()
         if self.turns is not None:  # the environments write the first messages
-            return StepRollout(step, row_ids, [], (), before, turns=True)
+            return StepRollout(step, row_ids, [], (), before, multi_turn=True)
         prompt_ids, stops = self.encode(row_ids)
         n, engines = self.sampling.n, len(self.engines.engines)
         # a group's samples share one prompt list: pickled once in a call that starts them
@@ -317,17 +334,11 @@ class TurnGate:
         self.pipeline = pipeline
 
     def submit(self, prompt_ids, sampling: SamplingConfig):
-        p = self.pipeline
-        with p.cond:
-            while p.pausing and not p.closed:
-                p.cond.wait()
-            if p.closed:
-                raise Closed()
-            p.busy, version = p.busy + 1, p.version
+        version = self.pipeline.begin_call()
         try:
-            return version, p.engines.submit(prompt_ids, sampling)
+            return version, self.pipeline.engines.submit(prompt_ids, sampling)
         except BaseException:
-            self._done()
+            self.pipeline.end_call()
             raise
 
     def collect(self, handle) -> list[Sample]:
@@ -335,10 +346,5 @@ class TurnGate:
         try:
             samples = self.pipeline.engines.collect(submitted)
         finally:
-            self._done()
+            self.pipeline.end_call()
         return [replace(s, versions=np.full(len(s.completion_ids), version, dtype=np.int32)) for s in samples]
-
-    def _done(self) -> None:
-        with self.pipeline.cond:
-            self.pipeline.busy -= 1
-            self.pipeline.cond.notify_all()

@@ -212,7 +212,7 @@ def _check_resumes(start, saved: dict, first, later: dict, second: list) -> None
     not those in flight (an environment's state is the user's object, not saved): resumed, they are played again
     from the first turn, so every row is still trained once. `saved`: taken at sync 1, while step 1 was played;
     `later`: at sync 2, with step 2 played to the end (`second`, its trajectories)."""
-    assert [(b["step"], b["turns"], b["seqs"], b["whole"]) for b in saved["queue"]] == [(1, True, [], None),
+    assert [(b["step"], b["multi_turn"], b["seqs"], b["whole"]) for b in saved["queue"]] == [(1, True, [], None),
                                                                                       (2, True, [], None)]
     resumed = start(saved, step=1)
     again = resumed.take(1)
