@@ -96,8 +96,10 @@ class KeptRequests:
         """After a full-weight reload: later requests get a fresh prefix-cache salt; kept ones go on by
         inflight_kv (recompute: preempted, re-prefilled by the new weights)."""
         self.version += 1
-        recompute = self.inflight_kv == "recompute" and self.live
-        self.llm.reset_prefix_cache(reset_running_requests=bool(recompute))  # without running requests it succeeds
+        if self.live and self.inflight_kv == "recompute":
+            self.llm.reset_prefix_cache(reset_running_requests=True)
+        elif not self.live:  # (with requests running it cannot; the salt keeps later ones off the old blocks)
+            self.llm.reset_prefix_cache()
 
     def new_adapter(self, lora_request) -> None:
         """A LoRA adapter sync: the old adapter goes, so every kept request starts again under the new one from
@@ -115,7 +117,8 @@ class KeptRequests:
             self.live[rid] = live
 
     def abort(self, keys: list[int]) -> None:
-        rids = [rid for rid, live in self.live.items() if live.request.key in set(keys)]
+        wanted = set(keys)
+        rids = [rid for rid, live in self.live.items() if live.request.key in wanted]
         self.engine.abort_request(rids)
         for rid in rids:
             del self.live[rid]
