@@ -103,6 +103,34 @@ def repack_seconds(tensors) -> float:
     return time.perf_counter() - start
 
 
+def bench_train(path: str, batch: dict, args) -> tuple[object, dict[str, float]]:
+    """Median seconds of one update on `batch`: ours, ours with trainer.shared_prefix, and a bare PyTorch loop,
+    interleaved so a noisy neighbour hits all three alike. Returns our trainer too (the sync is timed from it)."""
+    import torch
+
+    from actors.policy import PolicyTrainer
+    from benchmarks.train_phase import BareLoop
+    from common.dtypes import DTYPES
+    from common.options import AlgorithmConfig, TrainerConfig
+
+    tr = TrainerConfig(lr=1e-6, batch_size=len(batch["input_ids"]), micro_batch_size=16, warmup_steps=0,
+                       grad_clip=1.0)
+    trainer = PolicyTrainer(path, tr, dtype=args.dtype)
+    shared_trainer = PolicyTrainer(path, dataclasses.replace(tr, shared_prefix=True), dtype=args.dtype)
+    bare = BareLoop(path, 1e-6, 16, dtype=DTYPES[args.dtype])
+    torch.set_num_threads(args.threads)
+    fns = {"PolicyTrainer.rl_step": lambda: trainer.rl_step(dict(batch), AlgorithmConfig()),
+           "same, trainer.shared_prefix": lambda: shared_trainer.rl_step(dict(batch), AlgorithmConfig()),
+           "bare PyTorch loop": lambda: bare.step(batch)}
+    for fn in fns.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(args.repeats):
+        for name, fn in fns.items():
+            times[name].append(median_time(fn, 1))
+    return trainer, {name: statistics.median(t) for name, t in times.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -114,10 +142,7 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
-    from actors.policy import PolicyTrainer
-    from benchmarks.train_phase import BareLoop
     from common.dtypes import DTYPES
-    from common.options import AlgorithmConfig, TrainerConfig
     from rlhf import smollm2
     from rlhf.config import EvalConfig
     from rlhf.evaluate import evaluate
@@ -140,21 +165,7 @@ def main() -> None:
 
     batch = rollout_batch(samples, args.n)
     rows_n = len(samples)
-    tr = TrainerConfig(lr=1e-6, batch_size=rows_n, micro_batch_size=16, warmup_steps=0, grad_clip=1.0)
-    trainer = PolicyTrainer(path, tr, dtype=args.dtype)
-    shared_trainer = PolicyTrainer(path, dataclasses.replace(tr, shared_prefix=True), dtype=args.dtype)
-    bare = BareLoop(path, 1e-6, 16, dtype=dtype)
-    torch.set_num_threads(args.threads)
-    fns = {"PolicyTrainer.rl_step": lambda: trainer.rl_step(dict(batch), AlgorithmConfig()),
-           "same, trainer.shared_prefix": lambda: shared_trainer.rl_step(dict(batch), AlgorithmConfig()),
-           "bare PyTorch loop": lambda: bare.step(batch)}
-    for fn in fns.values():
-        fn()  # warm-up
-    times = {name: [] for name in fns}
-    for _ in range(args.repeats):  # interleaved: a noisy neighbour hits all three alike
-        for name, fn in fns.items():
-            times[name].append(median_time(fn, 1))
-    times = {name: statistics.median(t) for name, t in times.items()}
+    trainer, times = bench_train(path, batch, args)
     plain = times["bare PyTorch loop"]
     tokens, trained = int(batch["attention_mask"].sum()), int(batch["loss_mask"].sum())
     flops = 6 * sum(t.numel() for t in trainer.ds.module.parameters()) * tokens
