@@ -66,7 +66,8 @@ class HFEngine:
         self.model, self.eos_id, self.pad_id, self.batch_size = model, eos_id, pad_id, batch_size
         self._sync_group, self.model_path, self.trust_remote_code, self._renderer = None, None, False, None
         self.tempered_logprobs = tempered_logprobs
-        self.kept, self.counts = RegeneratedRequests(self), Counts()
+        self.counts = Counts()
+        self.kept = RegeneratedRequests(self, self.counts)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:

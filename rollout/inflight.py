@@ -177,20 +177,20 @@ class RegeneratedRequests:
     request by up to `steps` tokens, its context (prompt and tokens so far) held here and computed again each call.
     Inside the engine, so nothing crosses the driver twice; the recompute of rollout.inflight_kv either way."""
 
-    def __init__(self, engine, max_model_len: Optional[int] = None):
-        self.engine, self.max_model_len = engine, max_model_len
+    def __init__(self, engine, counts: Counts, max_model_len: Optional[int] = None):
+        """`counts`: what the engine's `generate` counts (its Counts), reported with every answer."""
+        self.engine, self.counts, self.max_model_len = engine, counts, max_model_len
         self.live: dict[int, Live] = {}
         self.calls = 0
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
-        """(the engine's `counts`: a rollout.inflight.Counts its `generate` keeps)"""
         for r in new:
             self.live[r.key] = Live(r, sampling)
         live = list(self.live.values())
-        counts = self.engine.counts
+        counts = self.counts
         if not live:
             return Advanced([], counts.prefill, counts.generated)
-        budgets = tuple(self._budget(x, steps) for x in live)
+        budgets = tuple(max(0, min(steps, self._left(x))) for x in live)
         stops = tuple(dict.fromkeys(t for x in live for t in x.request.stop_token_ids))
         seed = None if sampling.seed is None else sampling.seed + 100_003 * self.calls
         self.calls += 1
@@ -202,19 +202,18 @@ class RegeneratedRequests:
             ids = s.completion_ids[:budget]
             x.produced += ids
             ended = s.finish_reason == "stop" and len(ids) == len(s.completion_ids)
-            full = len(x.produced) >= x.request.max_tokens or (
-                self.max_model_len is not None and len(x.request.prompt_ids) + len(x.produced) >= self.max_model_len)
-            finish = "stop" if ended else "length" if full or budget == 0 else None
+            finish = "stop" if ended else "length" if self._left(x) <= 0 or budget == 0 else None
             out.append(Delta(x.request.key, ids, s.rollout_logprobs[:len(ids)].tolist(), finish))
             if finish is not None:
                 del self.live[x.request.key]
         return Advanced(out, counts.prefill, counts.generated)
 
-    def _budget(self, x: Live, steps: int) -> int:
+    def _left(self, x: Live) -> int:
+        """Tokens `x` may still produce: its budget, and the room its context leaves in max_model_len."""
         left = x.request.max_tokens - len(x.produced)
         if self.max_model_len is not None:
             left = min(left, self.max_model_len - len(x.request.prompt_ids) - len(x.produced))
-        return max(0, min(steps, left))
+        return left
 
     def abort(self, keys: list[int]) -> None:
         for k in keys:
