@@ -71,6 +71,8 @@ def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> 
         got = (token_logprobs(flat, flat_targets, temperature),)
     full = torch.nn.functional.pad(window, (s, 0))  # mask[:, :s] is all false
     zeros = torch.zeros(full.shape, dtype=torch.float32, device=values.device)
+    if values.requires_grad and not flat.numel():  # no row here trains (an agent that failed before its first
+        zeros = zeros + values.sum() * 0.0  # call): still on the graph, so the engine's backward can run
     return tuple(zeros.masked_scatter(full, t) for t in got)
 
 

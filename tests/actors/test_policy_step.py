@@ -132,6 +132,26 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
             assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
 
 
+def test_rows_with_nothing_to_train_can_fill_a_micro_batch(tiny_model_dir):
+    """An agent or environment that failed before the model's first turn leaves a one-token row that trains nothing
+    (rollout.agent_episode); length grouping puts such rows in a micro-batch of their own, whose loss must still
+    reach the graph for DeepSpeed's backward. The update is the one without them (token-mean)."""
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    for key in ("input_ids", "attention_mask", "loss_mask"):
+        batch[key][12:] = 0
+    batch["attention_mask"][12:, 0] = 1
+    advantages = torch.randn(16, 1, generator=torch.Generator().manual_seed(0)) * batch["loss_mask"]
+    results = []
+    for rows in (16, 12):
+        trainer = PolicyTrainer(tiny_model_dir, TrainerConfig(lr=1e-3, batch_size=rows, micro_batch_size=4,
+                                                              warmup_steps=0))
+        part = {k: v[:rows] for k, v in batch.items()}
+        old = trainer.compute_logprobs(part)
+        results.append(trainer.rl_step(dict(part, old_logprobs=old, advantages=advantages[:rows]), AlgorithmConfig()))
+    assert results[0]["train/skipped_updates"] == 0
+    assert results[0]["train/grad_norm"] == pytest.approx(results[1]["train/grad_norm"], rel=1e-5)
+
+
 def test_ppo_epochs_reshuffle_the_mini_batches(tiny_model_dir):
     """Two epochs over 16 rows in mini-batches of 8: each epoch's mini-batches cover every row once; the first keeps
     the rollout's order (prompt groups whole), the second groups the rows differently (a fixed split would repeat
