@@ -133,3 +133,17 @@ class EnvConfig:
     timeout_s: float = 30.0  # per reset/step; a step over it (or one that raises) ends its trajectory, reward 0
     num_workers: int = 8  # threads stepping environments while the engines generate
     observation_role: str = "user"  # the chat role of observations: user, or tool where the template has one
+
+
+@dataclass
+class AgentConfig:
+    """An agent's own code played against the rollout's OpenAI-compatible endpoint (rollout.agent). `fn` unset = no
+    agent."""
+
+    fn: Optional[str] = None  # package.module:function, run(row, client) -> reward; sync or async
+    tool_parser: str = "hermes"  # vLLM's tool-call parser for the model family (hermes, llama3_json, pythonic, ...)
+    max_calls: int = 8  # endpoint calls per episode; one more is answered 400 (max_calls_exceeded)
+    timeout_s: float = 120.0  # per episode; an agent still running then ends with reward 0, its later calls 404
+    concurrency: int = 32  # episodes running at once
+    host: str = "127.0.0.1"  # where the endpoint listens
+    port: int = 0  # 0 = a free port

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from common.errors import UserError
-from common.options import PRECISIONS, AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
+from common.options import PRECISIONS, AgentConfig, AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides, to_object
 from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
@@ -27,8 +27,7 @@ ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "opd")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # algorithms/kl.py (not imported here: config loads without torch)
 LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 ENGINES = ("vllm", "hf")
-LORA_SYNC = ("adapter", "merged")
-SYNC_CHANNELS = ("auto", "broadcast", "ipc")
+LORA_SYNC, SYNC_CHANNELS = ("adapter", "merged"), ("auto", "broadcast", "ipc")
 INFLIGHT_KV = ("keep", "recompute")  # rollout.inflight
 PLACEMENT_MODES = ("colocate", "hybrid", "split")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -199,6 +198,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)  # stage rl, algorithm.name=opd
     env: EnvConfig = field(default_factory=EnvConfig)  # stage rl: multi-turn rollouts (rollout.env)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # stage rl: agents through an endpoint (rollout.agent)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -34,9 +34,10 @@ def validate_objective(cfg: RunConfig, bad, choice) -> None:
     if not 0 <= a.overlong_buffer < r.max_new_tokens:
         bad("algorithm.overlong_buffer", a.overlong_buffer, f"must be >= 0 (0 = off) and below rollout.max_new_tokens "
             f"= {r.max_new_tokens}: the penalty ramps over the last overlong_buffer tokens of the budget")
-    if a.overlong_buffer and cfg.env.name is not None:
+    if a.overlong_buffer and (cfg.env.name is not None or cfg.agent.fn is not None):
         bad("algorithm.overlong_buffer", a.overlong_buffer, "shapes single-turn completions against "
-            "rollout.max_new_tokens; a multi-turn trajectory has a budget per turn: set it to 0 with env.name")
+            "rollout.max_new_tokens; a multi-turn trajectory has a budget per turn: set it to 0 with env.name or "
+            "agent.fn")
     if a.overlong_penalty < 0:
         bad("algorithm.overlong_penalty", a.overlong_penalty, "must be >= 0 (the reward lost at the budget's end)")
     if (a.name == "opd") != (cfg.teacher.path is not None):

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
     e = cfg.env
+    validate_agent(cfg, bad, positive)
     if e.name is None:
         return
     from rollout.env import load_environment
@@ -29,6 +30,29 @@ def validate_env(cfg: RunConfig, bad, choice, positive) -> None:
     choice("env.observation_role", e.observation_role, ("user", "tool"))
     if cfg.reward.model_path is not None:
         bad("reward.model_path", cfg.reward.model_path, "with env.name the environment gives the rewards; unset one")
+
+
+def validate_agent(cfg: RunConfig, bad, positive) -> None:
+    """agent.fn: the user's agent through the rollout's endpoint (rollout.agent, docs/agents.md)."""
+    g = cfg.agent
+    if g.fn is None:
+        return
+    from rollout.agent import load_agent
+    try:
+        load_agent(g.fn)
+    except UserError as err:  # its message begins "agent.fn = ...: "
+        bad("agent.fn", g.fn, str(err).split(": ", 1)[-1])
+    for key in ("max_calls", "timeout_s", "concurrency"):
+        positive(f"agent.{key}", getattr(g, key))
+    from vllm.tool_parsers import ToolParserManager
+    if g.tool_parser not in ToolParserManager.list_registered():
+        bad("agent.tool_parser", g.tool_parser, "must be one of vLLM's tool-call parsers: "
+            + ", ".join(ToolParserManager.list_registered()))
+    if cfg.env.name is not None:
+        bad("agent.fn", g.fn, "an agent and an environment (env.name) both play the episodes: set one")
+    if cfg.reward.model_path is not None or cfg.reward.fn is not None:
+        bad("reward.fn" if cfg.reward.fn is not None else "reward.model_path", cfg.reward.fn or cfg.reward.model_path,
+            "with agent.fn the agent returns each episode's reward; unset it")
 
 
 def validate_async(cfg: RunConfig, bad, positive) -> None:

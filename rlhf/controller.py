@@ -41,8 +41,9 @@ class RLController:
         from common.remote import init_ray
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
-        # env.name: the environment's reset() gives the first message (rows need no prompt) and its steps the reward
-        multi_turn = cfg.env.name is not None
+        # env.name / agent.fn: the environment's reset() or the agent writes the first message (rows need no prompt)
+        # and gives the reward
+        multi_turn = cfg.env.name is not None or cfg.agent.fn is not None
         clock = PhaseTimer()  # where start-up goes: logged with step 0, printed below
         with clock("start_inputs"):  # inputs first: bad data fails fast
             self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task,
@@ -67,8 +68,11 @@ class RLController:
             self.renderer = renderer.result()  # a bad tokenizer fails here, before any worker starts
         self.tokenizer_path = tokenizer_source(cfg, self.model_path, self.renderer)  # saved beside every model
         self._start_workers()
-        self.trajectories = None  # env.name: multi-turn rollouts
-        if multi_turn:
+        self.trajectories = None  # env.name / agent.fn: multi-turn rollouts
+        if cfg.agent.fn is not None:
+            from rollout.agent import AgentRunner
+            self.trajectories = AgentRunner(self.rollout, self.renderer, cfg.agent, r.max_model_len)
+        elif multi_turn:
             from rollout.env import load_environment
             from rollout.trajectory import TrajectoryRunner
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
@@ -82,6 +86,8 @@ class RLController:
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name,
                                     max_new_tokens=cfg.rollout.max_new_tokens)
         self.logger.console(startup_line(self.startup))
+        if cfg.agent.fn is not None:
+            self.logger.console(f"agent endpoint: {self.trajectories.endpoint.url('<episode>')}")
 
     def _start_workers(self) -> None:
         from rlhf.startup import start_workers
@@ -339,6 +345,8 @@ class RLController:
                  ("policy trainers", self.policy.kill)]
         if self.critic is not None:
             parts.append(("critic", self.critic.kill))
+        if hasattr(self.trajectories, "close"):
+            parts.append(("agent endpoint", self.trajectories.close))
         parts += [(role, x.kill) for role, x in (("reference model", self.reference), ("teacher", self.teacher),
                                                   ("reward model", self.reward_model)) if x is not None]
         for role, stop in parts + [("placement group", self.placement.remove)]:

@@ -58,4 +58,5 @@ def env_metrics(samples) -> dict[str, float]:
     return {"rollout/turns": sum(s.env.turns for s in samples) / n,
             "rollout/env_time": sum(s.env.env_time for s in samples) / n,
             "rollout/env_errors": float(sum(s.env.error for s in samples)),
+            "rollout/history_breaks": float(sum(s.env.breaks for s in samples)),
             "rollout/sampled_tokens": sum(sum(s.completion_mask) for s in samples) / n}

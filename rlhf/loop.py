@@ -66,7 +66,7 @@ def warn_skipped(logger: MetricsLogger, step: int, row: dict) -> None:
 def answer_metric(cfg: RunConfig) -> str:
     """The evaluation figure a stage reports: exact match on the built-in tasks, whose answers are the expected
     text; the share of completions with reward 1.0 under a chosen reward (a verifier accepts many texts)."""
-    return "eval/exact_match" if cfg.reward.fn is None and cfg.env.name is None else "eval/accuracy"
+    return "eval/exact_match" if cfg.reward.fn is None and cfg.env.name is None and cfg.agent.fn is None else "eval/accuracy"
 
 
 def eval_summary(rows: list[dict], headline: str) -> str:

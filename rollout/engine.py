@@ -47,12 +47,14 @@ class Sample:
 @dataclass
 class EnvOutcome:
     """A trajectory's account from its environment: summed reward, model turns, seconds spent in reset/step, and
-    whether it ended on an environment error or timeout (then reward 0)."""
+    whether it ended on an environment error or timeout (then reward 0); for an agent (rollout.agent): its reward,
+    its calls, its seconds, and how many times it rewrote its history (rollout.agent_episode)."""
 
     reward: float
     turns: int
     env_time: float
     error: bool = False
+    breaks: int = 0
 
 
 @dataclass

@@ -29,7 +29,9 @@ LONGEST_FIRST = ["e2e/test_real_model.py",  # the real model: its conversion, a 
                  "actors/test_trainer_group.py",
                  "test_placement.py",
                  "e2e/test_two_nodes.py",
-                 "e2e/test_multiturn.py"]
+                 "e2e/test_multiturn.py",
+                 "e2e/test_agent.py",
+                 "rollout/test_agent.py"]
 
 
 def pytest_collection_modifyitems(config, items):

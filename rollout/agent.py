@@ -1,0 +1,296 @@
+"""Agents as they are written: a function `run(row, client) -> reward` (`agent.fn: package.module:function`, sync or
+async) whose `client` is an `openai.OpenAI` (an `AsyncOpenAI` for an async function) pointed at the rollout's own
+OpenAI-compatible endpoint (rollout.agent_server), one URL per episode, so its calls are captured token by token.
+
+    def run(row, client):
+        reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["q"]}],
+                                               tools=TOOLS)
+        ...  # call tools, send their results back, as with any OpenAI-compatible server
+        return float(answer == row["answer"])
+
+`AgentRunner.run(rows, sampling)` plays `sampling.n` episodes per row (agent.concurrency at once) and returns one
+Sample per episode in row order, like rollout.trajectory's runner, so GRPO/RLOO/PPO, LoRA, asynchronous RL and
+evaluation take it unchanged. The calls of all episodes are batched into engine calls as they arrive (at most
+`max_calls_in_flight` engine calls at once); every call samples with the run's rollout settings (temperature, top-p:
+what the trainer's log-probs assume), the request's `max_tokens` capping `rollout.max_new_tokens`. An agent that
+raises, outlives `agent.timeout_s` or returns something other than a number ends its own episode (reward 0, counted
+in rollout/env_errors, the first error printed once a step); a step on which every episode failed stops the run.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import secrets
+import sys
+import threading
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional, Sequence
+
+from common.errors import UserError, shadowed_import
+from common.options import AgentConfig
+from rollout.agent_episode import Episode, Plan
+from rollout.agent_server import AgentEndpoint, ApiError, completion_body
+from rollout.agent_render import ToolCalls
+from rollout.engine import Sample, SamplingConfig
+from rollout.render import PromptRenderer, RenderError
+from rollout.trajectory import MAX_HUNG_PER_WORKER, EnvCalls
+
+
+def load_agent(name: str) -> Callable:
+    """The function named `package.module:function` (agent.fn); UserError saying what is wrong otherwise."""
+    module, sep, attr = name.partition(":")
+    if not sep or not module or not attr:
+        raise UserError(f"agent.fn = {name!r}: write it as package.module:function")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise UserError(f"agent.fn = {name!r}: cannot import {module!r} ({e})"
+                        f"{shadowed_import(e, module) or '; is it on PYTHONPATH?'}") from None
+    except AttributeError:
+        raise UserError(f"agent.fn = {name!r}: module {module!r} has no {attr!r}") from None
+    if not callable(fn) or len(inspect.signature(fn).parameters) < 2:
+        raise UserError(f"agent.fn = {name!r}: {attr} must be a function run(row, client) -> reward")
+    return fn
+
+
+@dataclass
+class Call:
+    """One endpoint call waiting for the engines."""
+
+    plan: Plan
+    max_tokens: int
+    done: threading.Event = field(default_factory=threading.Event)
+    sample: Optional[Sample] = None
+    error: Optional[str] = None
+
+
+class Calls:
+    """Calls waiting for an engine call; `arrived` completes when one comes (the runner's loop waits on it)."""
+
+    def __init__(self):
+        self.lock, self.items, self.arrived = threading.Lock(), [], Future()
+
+    def put(self, call: Call) -> None:
+        with self.lock:
+            self.items.append(call)
+            if not self.arrived.done():
+                self.arrived.set_result(None)
+
+    def take(self) -> list[Call]:
+        with self.lock:
+            items, self.items = self.items, []
+            if self.arrived.done():
+                self.arrived = Future()
+            return items
+
+
+def reward_of(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"the agent returned {value!r}; return its reward, a finite number")
+    return float(value)
+
+
+class AgentRunner:
+    """Episodes of `agent.fn` through `group` (a RolloutGroup, or the one `run` is given), behind one endpoint."""
+
+    def __init__(self, group, renderer: PromptRenderer, cfg: AgentConfig, max_model_len: int,
+                 max_calls_in_flight: int = 2, model_name: str = "policy"):
+        self.group, self.renderer, self.cfg, self.max_model_len = group, renderer, cfg, max_model_len
+        self.fn, self.max_calls_in_flight = load_agent(cfg.fn), max_calls_in_flight
+        self.tools = ToolCalls(cfg.tool_parser, renderer.tokenizer)
+        self.live: dict[str, Episode] = {}
+        self.live_lock, self.queue = threading.Lock(), Calls()
+        self.sampling = SamplingConfig()
+        self.hung: list[threading.Thread] = []
+        self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port)
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+    # ---- the rollout ----
+    def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
+        group = group or self.group
+        stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.renderer.tokenizer.chat_template
+                                       else [""])
+        self.sampling = replace(sampling, n=1, seed=None,
+                                stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stops])))
+        episodes = [Episode(secrets.token_hex(8), i) for i, _ in enumerate(rows) for _ in range(sampling.n)]
+        with self.live_lock:
+            self.live.update({e.key: e for e in episodes})
+        agents, generating = EnvCalls(self.cfg.concurrency, self.cfg.timeout_s, self.hung), {}
+        try:
+            with ThreadPoolExecutor(self.max_calls_in_flight, thread_name_prefix="agent-generate") as pool:
+                for e in episodes:
+                    agents.submit(e, self._play, e, rows[e.index])
+                while agents.running or agents.queued or generating:
+                    if len(generating) < self.max_calls_in_flight:
+                        calls = self.queue.take()
+                        if calls:
+                            generating[pool.submit(self._generate, group, calls)] = calls
+                            continue
+                    room = len(generating) < self.max_calls_in_flight  # (else an arrival would spin this loop)
+                    done, _ = wait([*agents.running, *generating, *([self.queue.arrived] if room else [])],
+                                   timeout=agents.wait_timeout(), return_when=FIRST_COMPLETED)
+                    for fut in [f for f in done if f in generating]:
+                        del generating[fut]
+                        fut.result()  # an engine failure the group could not recover from ends the run here
+                    for e, fut, seconds in agents.finished(done):
+                        self._settle(e, fut, seconds)
+                    self._check_hung()
+        finally:
+            self._retire(episodes)
+        self._report(episodes)
+        return [e.sample(self.renderer.pad_id) for e in episodes]
+
+    def _play(self, episode: Episode, row: dict):
+        import openai
+        url = self.endpoint.url(episode.key)
+        if inspect.iscoroutinefunction(self.fn):
+            async def play():
+                async with openai.AsyncOpenAI(base_url=url, api_key="rlhf", max_retries=0,
+                                              timeout=self.cfg.timeout_s) as client:
+                    return await self.fn(row, client)
+            return asyncio.run(play())
+        with openai.OpenAI(base_url=url, api_key="rlhf", max_retries=0, timeout=self.cfg.timeout_s) as client:
+            return self.fn(row, client)
+
+    def _settle(self, e: Episode, fut: Optional[Future], seconds: float) -> None:
+        e.seconds = seconds
+        with self.live_lock:  # its late calls now get 404
+            self.live.pop(e.key, None)
+        if fut is None:
+            e.error = f"the agent did not return within agent.timeout_s = {self.cfg.timeout_s} s"
+        elif fut.exception() is not None:
+            e.error = "".join(traceback.format_exception(fut.exception())).rstrip()
+        else:
+            try:
+                e.reward = reward_of(fut.result())
+            except TypeError as err:
+                e.error = str(err)
+
+    def _retire(self, episodes: list[Episode]) -> None:
+        with self.live_lock:
+            for e in episodes:
+                self.live.pop(e.key, None)
+            for call in self.queue.take():
+                call.error = "the episode ended"
+                call.done.set()
+
+    def _generate(self, group, calls: list[Call]) -> None:
+        budgets = tuple(c.max_tokens for c in calls)
+        try:
+            samples = group.collect(group.submit([c.plan.prompt_ids for c in calls], replace(
+                self.sampling, max_new_tokens=max(budgets), budgets=budgets)))
+        except BaseException as e:
+            for c in calls:
+                c.error = f"the engines failed: {type(e).__name__}: {e}"
+                c.done.set()
+            raise
+        for c, s in zip(calls, samples):
+            c.sample = s
+            c.done.set()
+
+    def _report(self, episodes: list[Episode]) -> None:
+        failed = [e for e in episodes if e.error is not None]
+        if failed and len(failed) == len(episodes):
+            raise UserError(f"every agent episode ({len(failed)}) failed (agent.fn = {self.cfg.fn}); training on "
+                            f"them would learn nothing. The first failure:\n{failed[0].error}")
+        if failed:
+            print(f"warning: {len(failed)} of {len(episodes)} agent episodes failed and score 0 "
+                  f"(rollout/env_errors); the first failure:\n{failed[0].error}", file=sys.stderr)
+
+    def _check_hung(self) -> None:
+        if len(self.hung) > MAX_HUNG_PER_WORKER * self.cfg.concurrency:
+            raise UserError(f"{len(self.hung)} episodes of agent.fn = {self.cfg.fn} are still running after "
+                            f"agent.timeout_s = {self.cfg.timeout_s} s and cannot be stopped; fix what hangs in the "
+                            "agent (or raise agent.timeout_s if it is only slow)")
+
+    # ---- the endpoint's side: one call ----
+    def _handle(self, key: str, kind: str, body: dict) -> dict:
+        with self.live_lock:
+            episode = self.live.get(key)
+        if episode is None:
+            raise ApiError(404, f"episode {key} has ended (its agent returned or ran past agent.timeout_s) or "
+                                "never began", code="episode_ended")
+        request = _validated(kind, body)
+        with episode.lock:
+            if episode.calls >= self.cfg.max_calls:
+                raise ApiError(400, f"this episode has made agent.max_calls = {self.cfg.max_calls} calls; return "
+                                    "its reward (or raise agent.max_calls)", code="max_calls_exceeded")
+        plan = self._plan(episode, kind, request)
+        room = self.max_model_len - len(plan.prompt_ids)
+        if room < 1:
+            raise ApiError(400, f"the prompt is {len(plan.prompt_ids)} tokens and rollout.max_model_len = "
+                                f"{self.max_model_len} leaves no room to generate", code="context_length_exceeded",
+                           param="messages" if kind == "chat" else "prompt")
+        asked = vars(request).get("max_completion_tokens") or vars(request).get("max_tokens")  # (no deprecation)
+        call = Call(plan, min(room, self.sampling.max_new_tokens, asked or self.sampling.max_new_tokens))
+        with self.live_lock:
+            if key not in self.live:
+                raise ApiError(404, f"episode {key} has ended", code="episode_ended")
+            self.queue.put(call)
+        if not call.done.wait(self.cfg.timeout_s) or call.error is not None:
+            raise ApiError(503, f"the call was not generated: {call.error or 'agent.timeout_s passed'}")
+        return self._respond(episode, kind, request, call)
+
+    def _plan(self, episode: Episode, kind: str, request) -> Plan:
+        try:
+            if kind == "chat":
+                tools = [t.model_dump(exclude_none=True) for t in request.tools] if request.tools else None
+                return episode.plan_chat(self.renderer.tokenizer, self.renderer.close_id,
+                                         [dict(m) for m in request.messages], tools)
+            prompt = request.prompt
+            if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                return episode.plan_ids(self.renderer.prompt_ids(prompt))
+            if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                return episode.plan_ids(prompt)
+        except RenderError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        raise ApiError(400, "prompt must be one string or one list of token ids", param="prompt")
+
+    def _respond(self, episode: Episode, kind: str, request, call: Call) -> dict:
+        s = call.sample
+        ids = s.completion_ids
+        body_ids = ids[:-1] if s.finish_reason == "stop" and ids and ids[-1] in self.sampling.stop_token_ids else ids
+        tok, reply, finish = self.renderer.tokenizer, None, s.finish_reason
+        if kind == "chat":
+            text = tok.decode(body_ids, skip_special_tokens=not request.tools)
+            reply, called = self.tools.message(text, request)
+            finish = "tool_calls" if called else finish
+            out = reply
+        else:
+            out = tok.decode(body_ids, skip_special_tokens=True)
+        episode.record(call.plan, s, reply)
+        logprobs = [{"token": tok.decode([i]), "logprob": float(lp), "bytes": None, "top_logprobs": []}
+                    for i, lp in zip(ids, s.rollout_logprobs)] if request.logprobs else None
+        return completion_body(kind, self.endpoint.model, out, finish, len(call.plan.prompt_ids), list(ids),
+                               logprobs, call.plan.prompt_ids if getattr(request, "return_token_ids", False) else None)
+
+
+def _validated(kind: str, body: dict):
+    """The request as vLLM's OpenAI protocol model reads it; ApiError 400 naming the field otherwise."""
+    from pydantic import ValidationError
+    if kind == "chat":
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Model
+    else:
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest as Model
+    try:
+        request = Model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise ApiError(400, f"{where}: {first.get('msg')}", param=where or None) from None
+    for name, bad, why in (("stream", bool(request.stream), "streaming is not served"),
+                           ("n", (request.n or 1) != 1, "one choice per call: the run samples rollout.n_samples "
+                                                        "episodes per row"),
+                           ("stop", bool(request.stop), "stop strings are not served: a turn ends at the model's "
+                                                        "turn-closing token")):
+        if bad:
+            raise ApiError(400, f"{name}: {why}", param=name)
+    return request

@@ -1,0 +1,105 @@
+"""One agent episode's calls, captured as the engine saw them and stitched into a training sample.
+
+Each call's prompt ids and sampled ids (with the engine's log-probs) are recorded, never re-tokenized from the chat
+history. A call whose request extends the episode's conversation (its earlier messages unchanged, the model's last
+reply sent back as returned, then new messages; for /v1/completions: the prompt's ids begin with the context's)
+continues the same sample: the template's text between the turns goes in unmasked, the sampled ids masked. A call
+that does not extend it (the agent rewrote or dropped its history, or sent calls in parallel) opens a new sample: a
+history break, counted. The episode trains on its last sample, with the episode's reward (earlier samples of an
+episode with breaks are counted, not trained: the batch holds one sample per episode).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rollout.agent_render import chat_ids, continuation_ids, same_message
+from rollout.engine import EnvOutcome, Sample
+from rollout.trajectory import Trajectory
+
+
+@dataclass
+class Plan:
+    """A call about to be generated: its prompt ids, and the context it continues (None: a new sample)."""
+
+    prompt_ids: list[int]
+    base: Optional[Trajectory] = None
+    base_len: int = 0
+    messages: Optional[list[dict]] = None  # chat calls: the request's messages, kept to recognise the next call
+    tools: Optional[list] = None
+
+
+@dataclass
+class Episode:
+    """An agent's run on one dataset row (`index`), named by `key` in its endpoint URL."""
+
+    key: str
+    index: int
+    samples: list[Trajectory] = field(default_factory=list)  # one per history break, the last one trained
+    calls: int = 0
+    breaks: int = 0
+    reward: float = 0.0
+    seconds: float = 0.0
+    error: Optional[str] = None
+    history: Optional[tuple[list[dict], dict, Optional[list]]] = None  # the last chat call: messages, reply, tools
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def plan_chat(self, tokenizer, close_id: Optional[int], messages: list[dict], tools: Optional[list]) -> Plan:
+        """The prompt of a chat call: the context it extends plus what is new, or its own rendering."""
+        with self.lock:
+            last = self.samples[-1] if self.samples else None
+            if last is not None and self.history is not None:
+                before, reply, before_tools = self.history
+                n = len(before)
+                if (tools == before_tools and len(messages) > n + 1 and same_message(messages[n], reply)
+                        and all(same_message(a, b) for a, b in zip(messages[:n], before))):
+                    closed = bool(last.last_turn) and last.last_turn[-1] == close_id
+                    more = continuation_ids(tokenizer, close_id, messages[:n], messages[n], messages[n + 1:], tools,
+                                            closed)
+                    if more is not None:
+                        return Plan(last.ids + more, last, len(last.ids), messages, tools)
+            return Plan(chat_ids(tokenizer, messages, tools), messages=messages, tools=tools)
+
+    def plan_ids(self, prompt_ids: list[int]) -> Plan:
+        """The prompt of a /v1/completions call: it continues the context when it begins with the context's ids."""
+        with self.lock:
+            last = self.samples[-1] if self.samples else None
+            if last is not None and len(prompt_ids) > len(last.ids) and prompt_ids[:len(last.ids)] == last.ids:
+                return Plan(list(prompt_ids), last, len(last.ids))
+            return Plan(list(prompt_ids))
+
+    def record(self, plan: Plan, generated: Sample, reply: Optional[dict]) -> None:
+        """A call's result: appended to the context it planned on when that is still the episode's latest (a
+        parallel call may have moved it), else a new sample."""
+        with self.lock:
+            self.calls += 1
+            last = self.samples[-1] if self.samples else None
+            if plan.base is not None and plan.base is last and len(last.ids) == plan.base_len:
+                t, new = last, plan.prompt_ids[plan.base_len:]
+                t.ids += new
+                t.mask += [False] * len(new)
+                t.logprobs += [0.0] * len(new)
+                if t.versions:
+                    t.versions = t.versions_padded()
+            else:
+                self.breaks += bool(self.samples)
+                t = Trajectory(self.index, ids=list(plan.prompt_ids), prompt_len=len(plan.prompt_ids))
+                self.samples.append(t)
+            if generated.versions is not None:  # generated ahead (rlhf.async_rollout): each token's policy version
+                t.versions = t.versions_padded() + generated.versions.tolist()
+            t.ids += generated.completion_ids
+            t.mask += [True] * len(generated.completion_ids)
+            t.logprobs += generated.rollout_logprobs.tolist()
+            t.turns += 1
+            t.finish_reason, t.last_turn = generated.finish_reason, list(generated.completion_ids)
+            self.history = (plan.messages, reply, plan.tools) if plan.messages is not None and reply else None
+
+    def sample(self, pad_id: int) -> Sample:
+        """The trained sample: the last context, with the episode's reward; an episode that failed or made no call
+        trains nothing (one pad token, reward 0), so the batch keeps its shape."""
+        error = self.error is not None or not self.samples
+        t = self.samples[-1] if self.samples else Trajectory(self.index, ids=[pad_id], prompt_len=1)
+        s = t.sample()
+        s.env = EnvOutcome(0.0 if error else self.reward, self.calls, self.seconds, error, self.breaks)
+        return s

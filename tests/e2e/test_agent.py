@@ -1,0 +1,43 @@
+"""Agent RL through `python -m rlhf.run`: an agent written with the official openai client (tests/agents/toy.py)
+plays the sort task over two calls against the rollout's endpoint, generated ahead of the trainer
+(rollout.max_staleness=1); each episode trains as one stitched sample whose engine log-probs agree with the
+trainer's (where nothing was generated ahead), the evaluation scores the agent's reward, and rollouts.jsonl shows
+both calls."""
+import json
+
+import pytest
+
+from rlhf.metrics import read_metrics
+from tests.conftest import run_cli
+
+
+@pytest.mark.slow
+def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_path):
+    from rlhf.config import DataConfig
+    from rlhf.tasks import make_rows
+
+    rows = make_rows(DataConfig(task="sort", num_train=128, max_items=4, max_value=49), "train", 0)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    out = tmp_path / "run"
+    res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}",
+                  "data.task=null", f"data.train_path={data}", f"data.eval_path={data}", "reward.fn=null",
+                  "agent.fn=tests.agents.toy:sort_twice", "agent.max_calls=2", "trainer.max_steps=3",
+                  "eval.every=0", "rollout.prompts_per_step=16", "trainer.batch_size=128", "rollout.max_staleness=1",
+                  "rollout.max_model_len=128", "logging.rollouts_every=1", "logging.rollouts_per_step=2",
+                  timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "agent endpoint: http://127.0.0.1:" in res.stdout
+    logged = read_metrics(str(out))
+    assert [r["step"] for r in logged] == [0, 1, 2, 3]
+    for r in logged[1:]:
+        assert r["rollout/turns"] == 2 and r["rollout/env_errors"] == 0 and r["rollout/history_breaks"] == 0
+        if r["rollout/staleness_max"] == 0:  # (ahead, the difference holds the update since they were sampled)
+            assert r["rollout/logprob_diff"] < 1e-3  # over both calls' sampled tokens
+        assert 0 < r["rollout/sampled_tokens"] < r["rollout/response_len"]  # the "again" turn is not trained on
+        assert r["train/skipped_steps"] == 0
+    assert logged[1]["rollout/staleness_max"] == 0 and max(r["rollout/staleness_max"] for r in logged[1:]) == 1
+    assert {"eval/reward_mean", "eval/accuracy", "eval/turns"} <= set(logged[0]) and logged[-1]["eval/turns"] == 2
+    with open(out / "rollouts.jsonl") as f:
+        dumped = [json.loads(line) for line in f]
+    assert dumped and all(d["turns"] == 2 and "<|im_start|>user\nagain<|im_end|>" in d["completion"] for d in dumped)

@@ -1,0 +1,179 @@
+"""Agents through the rollout's OpenAI-compatible endpoint (rollout.agent): the real HTTP server, the official
+`openai` client, the real vLLM engine. A tool call is parsed by vLLM's parser and answered; a multi-call episode is
+one sample, token-exact against the chat template and in agreement with the trainer's forward; a history rewrite is
+a counted break; bad requests get OpenAI-style errors; failing agents end their own episodes."""
+import time
+
+import pytest
+import torch
+
+from common.errors import UserError
+from common.options import AgentConfig
+from rollout.agent import load_agent, reward_of
+from rollout.agent_render import chat_ids, continuation_ids, for_template, render, same_message
+from rollout.engine import SamplingConfig
+from tests.agents import toy
+from tests.agents.model import CONVERSATION, teach_tool_call
+
+GREEDY = SamplingConfig(max_new_tokens=96, temperature=0.0, n=2)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_load_agent_names_what_is_wrong():
+    assert load_agent("tests.agents.toy:calculator") is toy.calculator
+    for name, why in (("tests.agents.toy", "package.module:function"), ("nowhere.at_all:f", "cannot import"),
+                      ("tests.agents.toy:nope", "has no 'nope'"), ("tests.agents.toy:TOOLS", "must be a function")):
+        with pytest.raises(UserError, match=why):
+            load_agent(name)
+    assert reward_of(1) == 1.0 and reward_of(0.25) == 0.25
+    for bad in ("1.0", None, True, float("nan")):
+        with pytest.raises(TypeError, match="finite number"):
+            reward_of(bad)
+
+
+def test_a_template_without_tools_is_told_them_in_the_hermes_format(tok):
+    messages = for_template(CONVERSATION, toy.TOOLS, native_tools=False)
+    assert messages[0]["role"] == "system" and '<tools>\n{"type": "function"' in messages[0]["content"]
+    # the model's earlier call written as Qwen2.5's template writes it
+    assert messages[2]["content"] == '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    assert for_template([{"role": "system", "content": "Be brief."}], toy.TOOLS, False)[0]["content"].startswith(
+        "Be brief.\n\n# Tools")
+    assert for_template(CONVERSATION[:1], None, False) == [CONVERSATION[0]]
+
+
+def test_a_continuation_is_what_the_template_writes_after_the_reply(tok):
+    close = tok.convert_tokens_to_ids("<|im_end|>")
+    history, reply, new = CONVERSATION[:1], CONVERSATION[1], CONVERSATION[2:3]
+    sampled = tok(for_template([reply], None, False)[0]["content"], add_special_tokens=False).input_ids
+    for closed in (True, False):  # a reply cut by max_tokens did not write its <|im_end|>: the template's goes in
+        context = chat_ids(tok, history, toy.TOOLS) + sampled + ([close] if closed else [])
+        more = continuation_ids(tok, close, history, reply, new, toy.TOOLS, closed)
+        assert context + more == chat_ids(tok, CONVERSATION[:3], toy.TOOLS)
+    # a template that rewrites earlier turns cannot continue: the call is a new sample
+    tok2 = type(tok).from_pretrained(tok.name_or_path)
+    tok2.chat_template = ("{% for m in messages %}{{ m['content'] if loop.last else '' }}|{% endfor %}"
+                          "{% if add_generation_prompt %}>{% endif %}")
+    assert continuation_ids(tok2, close, history, reply, new, None, True) is None
+
+
+def test_a_message_sent_back_is_recognised_whatever_the_client_wrote():
+    returned = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]}
+    echoed = {"role": "assistant", "content": "", "refusal": None, "tool_calls": [
+        {"id": "other", "type": "function", "function": {"name": "add", "arguments": '{"b":3,"a":2}'}}]}
+    assert same_message(returned, echoed)
+    assert same_message({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                        {"role": "user", "content": "ab"})
+    assert not same_message(returned, {**echoed, "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]})
+    assert not same_message({"role": "user", "content": "a"}, {"role": "assistant", "content": "a"})
+
+
+def test_agent_config_is_checked_before_the_run():
+    from rlhf.config import load_config
+    with pytest.raises(UserError) as e:
+        load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.tool_parser=nobody",
+                           "agent.max_calls=0", "env.name=tests.envs.toy:Echo"])
+    for said in ("agent.fn", "has no 'nope'", "agent.tool_parser", "hermes", "agent.max_calls", "set one"):
+        assert said in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def engines(ray_local, tmp_path_factory):
+    """A tiny model that learned one tool-using conversation, served by the real vLLM engine."""
+    from rollout.group import RolloutGroup
+    from rollout.render import PromptRenderer
+
+    folder = teach_tool_call(str(tmp_path_factory.mktemp("agent") / "model"))
+    group = RolloutGroup.create(1, dict(model_path=folder, dtype="float32", max_model_len=1024, kv_cache_mb=32))
+    yield folder, group, PromptRenderer.from_pretrained(folder)
+    group.shutdown()
+
+
+def _runner(engines, fn: str, **cfg):
+    from rollout.agent import AgentRunner
+    _, group, renderer = engines
+    return AgentRunner(group, renderer, AgentConfig(fn=fn, **{"timeout_s": 60.0, **cfg}), max_model_len=1024)
+
+
+@pytest.mark.slow
+def test_a_tool_call_is_parsed_answered_and_trained_as_one_token_exact_sample(engines):
+    from transformers import AutoModelForCausalLM
+
+    from algorithms.logprobs import token_logprobs
+    from common.batch import samples_to_batch
+    from tests.rollout.agreement import logprob_diff
+
+    folder, _, renderer = engines
+    runner = _runner(engines, "tests.agents.toy:calculator")
+    try:
+        samples = runner.run([{"q": "what is 2 + 3?", "answer": 5}], GREEDY)
+    finally:
+        runner.close()
+    tok = renderer.tokenizer
+    whole = tok(render(tok, CONVERSATION, toy.TOOLS, False), add_special_tokens=False).input_ids[:-1]  # less "\n"
+    for s in samples:  # the agent ran the tool and the model answered with its result
+        assert (s.env.reward, s.env.turns, s.env.breaks, s.env.error) == (1.0, 2, 0, False)
+        assert s.prompt_ids + s.completion_ids == whole  # both calls, stitched, exactly as the template renders
+        trained = [i for i, m in zip(s.completion_ids, s.completion_mask) if m]
+        assert tok.decode(trained) == ('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+                                       '<|im_end|>5<|im_end|>')
+    batch = samples_to_batch(samples, renderer.pad_id)
+    with torch.no_grad():
+        lp = token_logprobs(AutoModelForCausalLM.from_pretrained(folder)(
+            batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1], batch["input_ids"][:, 1:])
+    assert logprob_diff(lp, batch) < 1e-3  # the engine's log-probs hold over the stitched sample
+
+
+@pytest.mark.slow
+def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
+    runner = _runner(engines, "tests.agents.toy:two_turns")
+    try:
+        kept = runner.run([{"q": "hi", "good": True}], SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
+        assert all(s.env.turns == 2 and s.env.breaks == 0 and s.env.reward == 1.0 for s in kept)
+        mask = kept[0].completion_mask  # sampled, then the template's turn, then sampled again
+        assert mask[0] and mask[-1] and not all(mask)
+        runner.fn = load_agent("tests.agents.toy:rewriter")  # drops the reply: the second call starts over
+        for s in runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2)):
+            assert s.env.breaks == 1 and s.env.turns == 2 and s.env.reward == 0.5
+            assert runner.renderer.render_text(s.prompt_ids).endswith("fresh start<|im_end|>\n<|im_start|>assistant\n")
+        runner.fn, runner.cfg.max_calls = load_agent("tests.agents.toy:prober"), 3
+        toy.SEEN.clear()
+        assert runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=1))[0].env.reward == 1.0
+        seen = {what: (status, code) for what, status, code in toy.SEEN if what != "more"}
+        assert seen["stream"][0] == seen["n"][0] == seen["tools"][0] == seen["json"][0] == 400
+        assert seen["long"] == (400, "context_length_exceeded") and seen["good"] == (200, None)
+        assert seen["models"][1] == ["policy"] and seen["completions"][1]  # the prompt's token ids, as asked
+        assert [x[1:] for x in toy.SEEN if x[0] == "more"] == [(200, None), (400, "max_calls_exceeded"),
+                                                               (400, "max_calls_exceeded")]
+        _failing(runner, capsys)
+    finally:
+        runner.close()
+
+
+def _failing(runner, capsys):
+    runner.cfg.max_calls, runner.cfg.timeout_s = 8, 2.0
+    runner.fn = load_agent("tests.agents.toy:flaky")
+    rows = [{"q": "a"}, {"q": "b", "explode": True}, {"q": "c", "hang": True}, {"q": "d", "text": True}]
+    samples = runner.run(rows, SamplingConfig(max_new_tokens=3, temperature=1.0, n=1))
+    assert [s.env.error for s in samples] == [False, True, True, True]
+    assert [s.env.reward for s in samples] == [1.0, 0.0, 0.0, 0.0]
+    said = capsys.readouterr().err
+    assert "warning: 3 of 4 agent episodes failed" in said and "the agent's own bug" in said
+    with pytest.raises(UserError, match="every agent episode \\(2\\) failed"):
+        runner.run(rows[1:2], SamplingConfig(max_new_tokens=3, temperature=1.0, n=2))
+    runner.fn = load_agent("tests.agents.toy:late")
+    toy.SEEN.clear()
+    with pytest.raises(UserError, match="did not return within agent.timeout_s"):
+        runner.run([{"sleep": 2.5}], SamplingConfig(max_new_tokens=3, temperature=1.0, n=1))
+    for _ in range(50):
+        if toy.SEEN:
+            break
+        time.sleep(0.1)
+    assert toy.SEEN == [("late", 404, "episode_ended")]  # its call came after its episode ended
+    runner.fn = load_agent("tests.agents.toy:async_two_turns")
+    assert [s.env.reward for s in runner.run([{"q": "x"}], SamplingConfig(max_new_tokens=3, n=2))] == [1.0, 1.0]
