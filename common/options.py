@@ -136,6 +136,18 @@ class EnvConfig:
 
 
 @dataclass
+class RewardConfig:
+    fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
+    model_path: Optional[str] = None  # stage rl: score rollouts with this reward model (an `rm` stage's final/)
+    timeout_s: float = 600.0  # seconds one call of reward.fn (a step's completions) may take before the run stops
+    # a reward service: POST {"prompts", "completions", "metadata"} -> {"rewards"} (rollout.reward_http)
+    url: Optional[str] = None
+    url_batch: int = 32  # completions per request
+    url_concurrency: int = 4  # requests in flight at once
+    url_retries: int = 3  # retries of a request that failed to connect, timed out, or got 429 / 5xx
+
+
+@dataclass
 class AgentConfig:
     """An agent's own code played against the rollout's OpenAI-compatible endpoint (rollout.agent). `fn` unset = no
     agent."""

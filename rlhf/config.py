@@ -12,7 +12,8 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from common.errors import UserError
-from common.options import PRECISIONS, AgentConfig, AlgorithmConfig, EnvConfig, LoraConfig, TrainerConfig
+from common.options import (PRECISIONS, AgentConfig, AlgorithmConfig, EnvConfig, LoraConfig, RewardConfig,
+                            TrainerConfig)
 from rlhf.config_io import key_lines, load_yaml, merge, parse_overrides, to_object
 from rlhf.config_algorithm import POLICY_LOSSES, validate_objective
 from rlhf.config_gpu import validate_gpu
@@ -146,13 +147,6 @@ class RolloutConfig:
     # check every N-th weight sync: each engine received, bit for bit, what its trainer rank sent (both ends
     # fingerprint every tensor, rollout.sync.check); a difference stops the run naming the tensor. 0 = off
     verify_sync_every: int = 0
-
-
-@dataclass
-class RewardConfig:
-    fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
-    model_path: Optional[str] = None  # stage rl: score rollouts with this reward model (an `rm` stage's final/)
-    timeout_s: float = 600.0  # seconds one call of reward.fn (a step's completions) may take before the run stops
 
 
 @dataclass
@@ -336,6 +330,11 @@ def _validate_outputs(cfg: RunConfig, bad, choice, positive) -> None:
     if fn is not None and fn not in REWARD_NAMES and (fn.count(":") != 1 or not all(fn.split(":"))):
         bad("reward.fn", fn, f"write it as 'package.module:function', or name a built-in reward: "
             f"{', '.join(REWARD_NAMES)}")
+    url = cfg.reward.url
+    if url is not None and (not url.startswith(("http://", "https://")) or fn is not None):
+        bad("reward.url", url, "must be an http:// or https:// address of a reward service, and reward.fn unset")
+    for key in ("url_batch", "url_concurrency"):
+        positive(f"reward.{key}", getattr(cfg.reward, key))
     if cfg.eval.every < -1:
         bad("eval.every", cfg.eval.every, "must be >= -1 (0 evaluates only before and after training, -1 never)")
     positive("eval.max_new_tokens", cfg.eval.max_new_tokens)

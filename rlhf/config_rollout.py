@@ -50,9 +50,10 @@ def validate_agent(cfg: RunConfig, bad, positive) -> None:
             + ", ".join(ToolParserManager.list_registered()))
     if cfg.env.name is not None:
         bad("agent.fn", g.fn, "an agent and an environment (env.name) both play the episodes: set one")
-    if cfg.reward.model_path is not None or cfg.reward.fn is not None:
-        bad("reward.fn" if cfg.reward.fn is not None else "reward.model_path", cfg.reward.fn or cfg.reward.model_path,
-            "with agent.fn the agent returns each episode's reward; unset it")
+    for key in ("fn", "model_path", "url"):
+        if getattr(cfg.reward, key) is not None:
+            bad(f"reward.{key}", getattr(cfg.reward, key), "with agent.fn the agent returns each episode's reward; "
+                "unset it")
 
 
 def validate_async(cfg: RunConfig, bad, positive) -> None:

@@ -33,7 +33,7 @@ from rlhf.rounds import Round, TokenScores, rollout_metrics, select_groups, teac
 from rlhf.startup import teacher_model
 from rlhf.tiny import ensure_model
 from rollout.engine import SamplingConfig
-from rollout.rewards import resolve_reward_fn, score_rows
+from rollout.rewards import reward_fn_for, score_rows
 
 
 class RLController:
@@ -46,8 +46,7 @@ class RLController:
         multi_turn = cfg.env.name is not None or cfg.agent.fn is not None
         clock = PhaseTimer()  # where start-up goes: logged with step 0, printed below
         with clock("start_inputs"):  # inputs first: bad data fails fast
-            self.reward_fn = None if multi_turn else resolve_reward_fn(cfg.reward.fn, cfg.data.task,
-                                                                       cfg.reward.timeout_s)
+            self.reward_fn = None if multi_turn else reward_fn_for(cfg.reward, cfg.data.task)
             self.per_round = math.ceil(r.prompts_per_step * a.oversample)  # prompts a rollout round generates
             self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
                                          self.per_round, cfg.seed)

@@ -66,7 +66,9 @@ def warn_skipped(logger: MetricsLogger, step: int, row: dict) -> None:
 def answer_metric(cfg: RunConfig) -> str:
     """The evaluation figure a stage reports: exact match on the built-in tasks, whose answers are the expected
     text; the share of completions with reward 1.0 under a chosen reward (a verifier accepts many texts)."""
-    return "eval/exact_match" if cfg.reward.fn is None and cfg.env.name is None and cfg.agent.fn is None else "eval/accuracy"
+    scored = cfg.reward.fn is not None or cfg.reward.url is not None or cfg.env.name is not None \
+        or cfg.agent.fn is not None
+    return "eval/accuracy" if scored else "eval/exact_match"
 
 
 def eval_summary(rows: list[dict], headline: str) -> str:

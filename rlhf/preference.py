@@ -12,7 +12,7 @@ from rlhf.evaluate import evaluate
 from rlhf.loop import answer_metric, run_loop
 from rlhf.tiny import ensure_model
 from rollout.render import PromptRenderer
-from rollout.rewards import resolve_reward_fn
+from rollout.rewards import reward_fn_for
 
 
 def tokenize_pairs(renderer: PromptRenderer, rows: list[dict]) -> Batch:
@@ -43,7 +43,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, float]:
 
     train, held_out = preference_rows(cfg.data, "train", cfg.seed), preference_rows(cfg.data, "eval", cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
-    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task, cfg.reward.timeout_s)
+    reward_fn = reward_fn_for(cfg.reward, cfg.data.task)
     model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
     renderer = make_renderer(cfg, model_path)
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,

@@ -9,7 +9,7 @@ from rlhf.evaluate import evaluate
 from rlhf.loop import answer_metric, run_loop
 from rlhf.tiny import ensure_model
 from rollout.render import PromptRenderer
-from rollout.rewards import resolve_reward_fn
+from rollout.rewards import reward_fn_for
 
 
 def tokenize_sft(renderer: PromptRenderer, rows: list[dict]) -> Batch:
@@ -33,7 +33,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     from rollout.hf_engine import HFEngine
 
     # Inputs first: a bad data file or reward function fails in seconds, before any model is built or loaded.
-    reward_fn = resolve_reward_fn(cfg.reward.fn, cfg.data.task, cfg.reward.timeout_s)
+    reward_fn = reward_fn_for(cfg.reward, cfg.data.task)
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_answer=True), cfg.trainer.batch_size,
                             cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)

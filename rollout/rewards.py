@@ -146,6 +146,15 @@ def resolve_reward_fn(spec: str | None, task: str | None, timeout_s: Optional[fl
     return BUILTIN[task]
 
 
+def reward_fn_for(cfg, task: str | None) -> RewardFn:
+    """The run's reward function from its `reward` config (common.options.RewardConfig): a service at
+    `reward.url` (rollout.reward_http), else `reward.fn` or the task's (resolve_reward_fn)."""
+    if cfg.url is not None:
+        from rollout.reward_http import HttpReward
+        return HttpReward(cfg.url, cfg.url_batch, cfg.url_concurrency, cfg.url_retries, cfg.timeout_s)
+    return resolve_reward_fn(cfg.fn, task, cfg.timeout_s)
+
+
 def with_deadline(fn: RewardFn, timeout_s: float) -> RewardFn:
     """`fn` run on a daemon thread and given up after `timeout_s` (UserError naming it and reward.timeout_s). Python
     cannot stop the thread: at most one is left behind, since the run then stops."""

@@ -1,0 +1,76 @@
+"""Rewards from a service over HTTP (`reward.url`): a sandbox that runs code, a judge, a remote reward model.
+
+The contract, one POST per batch of `reward.url_batch` completions (`reward.url_concurrency` in flight):
+
+    request  {"prompts": [...], "completions": ["...", ...], "metadata": {"answer": [...], ...}}
+    response {"rewards": [1.0, 0.0, ...]}          one number per completion, in order
+
+`metadata` holds the dataset's other columns, aligned with the completions, as a reward function's keyword
+arguments are. A request that cannot connect, times out, or is answered 429 or 5xx is retried with exponential
+backoff (`reward.url_retries` times); any other status, or an answer of the wrong shape, is an error at once. The
+whole step's scoring shares one deadline, `reward.timeout_s`. Errors name the URL, the status and the body's start.
+`python -m rlhf.reward_server --fn package.module:function` serves any reward function under this contract.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from common.errors import UserError
+
+BACKOFF_S = 0.5  # the first retry's wait; doubled each time
+
+
+class HttpReward:
+    """A reward function (prompts, completions, **metadata) -> rewards whose work is done at `url`."""
+
+    def __init__(self, url: str, batch: int = 32, concurrency: int = 4, retries: int = 3, timeout_s: float = 600.0):
+        self.url, self.batch, self.concurrency, self.retries, self.timeout_s = url, batch, concurrency, retries, \
+            timeout_s
+        self.__qualname__ = f"at reward.url = {url}"
+
+    def __call__(self, prompts: list, completions: list[str], **metadata) -> list[float]:
+        deadline = time.monotonic() + self.timeout_s
+        spans = [(lo, min(lo + self.batch, len(completions))) for lo in range(0, len(completions), self.batch)]
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="reward-http") as pool:
+            parts = pool.map(lambda span: self._post({
+                "prompts": prompts[span[0]:span[1]], "completions": completions[span[0]:span[1]],
+                "metadata": {k: v[span[0]:span[1]] for k, v in metadata.items()}}, deadline), spans)
+            return [r for part in parts for r in part]
+
+    def _post(self, body: dict, deadline: float) -> list:
+        data = json.dumps(body, default=str).encode()
+        why = "no attempt"
+        for attempt in range(self.retries + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            request = urllib.request.Request(self.url, data=data, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=left) as answer:
+                    return self._rewards(answer.read(), len(body["completions"]))
+            except urllib.error.HTTPError as e:
+                why = f"HTTP {e.code} {e.read()[:300].decode(errors='replace')!r}"
+                if e.code != 429 and e.code < 500:
+                    raise UserError(f"reward.url = {self.url} answered {why}; fix the request it rejects or the "
+                                    "service") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                why = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            if attempt < self.retries:
+                time.sleep(max(0.0, min(BACKOFF_S * 2 ** attempt, deadline - time.monotonic())))
+        raise UserError(f"reward.url = {self.url} gave no rewards within reward.timeout_s = {self.timeout_s:g} s and "
+                        f"{self.retries} retries; last: {why}")
+
+    def _rewards(self, raw: bytes, n: int) -> list:
+        try:
+            rewards = json.loads(raw).get("rewards")
+        except (json.JSONDecodeError, AttributeError):
+            rewards = None
+        if not isinstance(rewards, list) or len(rewards) != n:
+            raise UserError(f"reward.url = {self.url} answered {raw[:200]!r}; it must answer "
+                            f'{{"rewards": [...]}} with one number per completion ({n} sent)')
+        return rewards
