@@ -41,8 +41,10 @@ VARIANTS = {
     "trl": ("TRL 1.16 (fp32 weights, bf16 autocast, transformers generate)", None),
     "trl-lora": ("TRL 1.16 with the LoRA recipe's adapter (rank 16, alpha 32, all linear layers), lr 5e-4, KL "
                  "0.01", None),
-    "lora": ("ours, examples/smollm2_math_grpo_lora.yaml as shipped (merged sync)", []),
-    "lora-bf16-mixed": ("ours, the LoRA recipe with trainer.precision=bf16-mixed", ["trainer.precision=bf16-mixed"]),
+    "lora": ("ours, examples/smollm2_math_grpo_lora.yaml (merged sync) in trainer.precision=bf16-true, as shipped "
+             "until 2026-12-04", ["trainer.precision=bf16-true"]),
+    "lora-bf16-mixed": ("ours, the LoRA recipe with trainer.precision=bf16-mixed (as shipped since 2026-12-04)",
+                        ["trainer.precision=bf16-mixed"]),
     "shipped": (f"ours at {SHIPPED_REF}: the recipe as shipped before this benchmark", []),
     "bf16-true": ("ours, trainer.precision=bf16-true (masters from the file, Adam fixed)",
                   ["trainer.precision=bf16-true"]),
