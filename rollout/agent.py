@@ -25,6 +25,7 @@ import math
 import secrets
 import sys
 import threading
+import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -73,12 +74,24 @@ class Calls:
 
     def __init__(self):
         self.lock, self.items, self.arrived = threading.Lock(), [], Future()
+        self.first_at = self.last_at = 0.0
 
     def put(self, call: Call) -> None:
         with self.lock:
+            self.last_at = time.monotonic()
+            if not self.items:
+                self.first_at = self.last_at
             self.items.append(call)
             if not self.arrived.done():
                 self.arrived.set_result(None)
+
+    def hold(self) -> Optional[float]:
+        """Seconds to keep the waiting calls for more (0: send them now), None when none waits: until the calls
+        have been quiet for QUIET_S, at most HOLD_S after the first."""
+        with self.lock:
+            if not self.items:
+                return None
+            return max(0.0, min(self.last_at + QUIET_S, self.first_at + HOLD_S) - time.monotonic())
 
     def take(self) -> list[Call]:
         with self.lock:
@@ -86,6 +99,11 @@ class Calls:
             if self.arrived.done():
                 self.arrived = Future()
             return items
+
+
+# Calls wait for others to form one engine call: agents started together call within a fraction of a second of each
+# other, and a first engine call of a few prompts would hold the engine for a whole generation while the rest wait.
+QUIET_S, HOLD_S = 0.02, 0.25
 
 
 def reward_of(value) -> float:
@@ -106,10 +124,13 @@ class AgentRunner:
         self.live_lock, self.queue = threading.Lock(), Calls()
         self.sampling = SamplingConfig()
         self.hung: list[threading.Thread] = []
+        self.http = None  # the sync agents' shared httpx client, made on first use
         self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port)
 
     def close(self) -> None:
         self.endpoint.close()
+        if self.http is not None:
+            self.http.close()
 
     # ---- the rollout ----
     def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
@@ -122,19 +143,25 @@ class AgentRunner:
         with self.live_lock:
             self.live.update({e.key: e for e in episodes})
         agents, generating = EnvCalls(self.cfg.concurrency, self.cfg.timeout_s, self.hung), {}
+        if self.http is None and not inspect.iscoroutinefunction(self.fn):
+            self.http = _shared_http(self.cfg.concurrency)
         try:
             with ThreadPoolExecutor(self.max_calls_in_flight, thread_name_prefix="agent-generate") as pool:
                 for e in episodes:
                     agents.submit(e, self._play, e, rows[e.index])
                 while agents.running or agents.queued or generating:
-                    if len(generating) < self.max_calls_in_flight:
+                    room = len(generating) < self.max_calls_in_flight
+                    hold = self.queue.hold() if room else None
+                    if hold == 0.0:
                         calls = self.queue.take()
-                        if calls:
-                            generating[pool.submit(self._generate, group, calls)] = calls
-                            continue
-                    room = len(generating) < self.max_calls_in_flight  # (else an arrival would spin this loop)
-                    done, _ = wait([*agents.running, *generating, *([self.queue.arrived] if room else [])],
-                                   timeout=agents.wait_timeout(), return_when=FIRST_COMPLETED)
+                        generating[pool.submit(self._generate, group, calls)] = calls
+                        continue
+                    timeout = agents.wait_timeout()
+                    timeout = hold if timeout is None or (hold is not None and hold < timeout) else timeout
+                    # (an arrival is awaited only with room and nothing held: else it would spin this loop)
+                    done, _ = wait([*agents.running, *generating, *([self.queue.arrived] if room and hold is None
+                                                                    else [])],
+                                   timeout=timeout, return_when=FIRST_COMPLETED)
                     for fut in [f for f in done if f in generating]:
                         del generating[fut]
                         fut.result()  # an engine failure the group could not recover from ends the run here
@@ -155,8 +182,8 @@ class AgentRunner:
                                               timeout=self.cfg.timeout_s) as client:
                     return await self.fn(row, client)
             return asyncio.run(play())
-        with openai.OpenAI(base_url=url, api_key="rlhf", max_retries=0, timeout=self.cfg.timeout_s) as client:
-            return self.fn(row, client)
+        return self.fn(row, openai.OpenAI(base_url=url, api_key="rlhf", max_retries=0, timeout=self.cfg.timeout_s,
+                                          http_client=self.http))
 
     def _settle(self, e: Episode, fut: Optional[Future], seconds: float) -> None:
         e.seconds = seconds
@@ -271,6 +298,15 @@ class AgentRunner:
                     for i, lp in zip(ids, s.rollout_logprobs)] if request.logprobs else None
         return completion_body(kind, self.endpoint.model, out, finish, len(call.plan.prompt_ids), list(ids),
                                logprobs, call.plan.prompt_ids if getattr(request, "return_token_ids", False) else None)
+
+
+def _shared_http(connections: int):
+    """One connection pool for every sync episode: a client of its own costs ~20 ms of held GIL (its SSL context),
+    which spread a step's first calls over a second and split them into several engine calls."""
+    import httpx
+    import openai
+    return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=connections,
+                                                         max_keepalive_connections=connections))
 
 
 def _validated(kind: str, body: dict):
