@@ -70,10 +70,11 @@ class Call:
 
 
 class Calls:
-    """Calls waiting for an engine call; `arrived` completes when one comes (the runner's loop waits on it)."""
+    """One `run`'s calls waiting for an engine call, and the sampling they get (a run's own: an evaluation may run
+    beside a rollout generated ahead); `arrived` completes when one comes (the runner's loop waits on it)."""
 
-    def __init__(self):
-        self.lock, self.items, self.arrived = threading.Lock(), [], Future()
+    def __init__(self, sampling: SamplingConfig):
+        self.sampling, self.lock, self.items, self.arrived = sampling, threading.Lock(), [], Future()
         self.first_at = self.last_at = 0.0
 
     def put(self, call: Call) -> None:
@@ -120,9 +121,8 @@ class AgentRunner:
         self.group, self.renderer, self.cfg, self.max_model_len = group, renderer, cfg, max_model_len
         self.fn, self.max_calls_in_flight = load_agent(cfg.fn), max_calls_in_flight
         self.tools = ToolCalls(cfg.tool_parser, renderer.tokenizer)
-        self.live: dict[str, Episode] = {}
-        self.live_lock, self.queue = threading.Lock(), Calls()
-        self.sampling = SamplingConfig()
+        self.live: dict[str, tuple[Episode, Calls]] = {}  # episode key -> the episode and its run's calls
+        self.live_lock = threading.Lock()
         self.hung: list[threading.Thread] = []
         self.http = None  # the sync agents' shared httpx client, made on first use
         self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port)
@@ -137,29 +137,30 @@ class AgentRunner:
         group = group or self.group
         stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.renderer.tokenizer.chat_template
                                        else [""])
-        self.sampling = replace(sampling, n=1, seed=None,
-                                stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stops])))
+        queue = Calls(replace(sampling, n=1, seed=None,
+                              stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stops]))))
         episodes = [Episode(secrets.token_hex(8), i) for i, _ in enumerate(rows) for _ in range(sampling.n)]
         with self.live_lock:
-            self.live.update({e.key: e for e in episodes})
+            self.live.update({e.key: (e, queue) for e in episodes})
         agents, generating = EnvCalls(self.cfg.concurrency, self.cfg.timeout_s, self.hung), {}
-        if self.http is None and not inspect.iscoroutinefunction(self.fn):
-            self.http = _shared_http(self.cfg.concurrency)
+        with self.live_lock:
+            if self.http is None and not inspect.iscoroutinefunction(self.fn):
+                self.http = _shared_http(self.cfg.concurrency)
         try:
             with ThreadPoolExecutor(self.max_calls_in_flight, thread_name_prefix="agent-generate") as pool:
                 for e in episodes:
                     agents.submit(e, self._play, e, rows[e.index])
                 while agents.running or agents.queued or generating:
                     room = len(generating) < self.max_calls_in_flight
-                    hold = self.queue.hold() if room else None
+                    hold = queue.hold() if room else None
                     if hold == 0.0:
-                        calls = self.queue.take()
-                        generating[pool.submit(self._generate, group, calls)] = calls
+                        calls = queue.take()
+                        generating[pool.submit(self._generate, group, calls, queue.sampling)] = calls
                         continue
                     timeout = agents.wait_timeout()
                     timeout = hold if timeout is None or (hold is not None and hold < timeout) else timeout
                     # (an arrival is awaited only with room and nothing held: else it would spin this loop)
-                    done, _ = wait([*agents.running, *generating, *([self.queue.arrived] if room and hold is None
+                    done, _ = wait([*agents.running, *generating, *([queue.arrived] if room and hold is None
                                                                     else [])],
                                    timeout=timeout, return_when=FIRST_COMPLETED)
                     for fut in [f for f in done if f in generating]:
@@ -169,7 +170,7 @@ class AgentRunner:
                         self._settle(e, fut, seconds)
                     self._check_hung()
         finally:
-            self._retire(episodes)
+            self._retire(episodes, queue)
         self._report(episodes)
         return [e.sample(self.renderer.pad_id) for e in episodes]
 
@@ -199,19 +200,19 @@ class AgentRunner:
             except TypeError as err:
                 e.error = str(err)
 
-    def _retire(self, episodes: list[Episode]) -> None:
+    def _retire(self, episodes: list[Episode], queue: Calls) -> None:
         with self.live_lock:
             for e in episodes:
                 self.live.pop(e.key, None)
-            for call in self.queue.take():
+            for call in queue.take():
                 call.error = "the episode ended"
                 call.done.set()
 
-    def _generate(self, group, calls: list[Call]) -> None:
+    def _generate(self, group, calls: list[Call], sampling: SamplingConfig) -> None:
         budgets = tuple(c.max_tokens for c in calls)
         try:
             samples = group.collect(group.submit([c.plan.prompt_ids for c in calls], replace(
-                self.sampling, max_new_tokens=max(budgets), budgets=budgets)))
+                sampling, max_new_tokens=max(budgets), budgets=budgets)))
         except BaseException as e:
             for c in calls:
                 c.error = f"the engines failed: {type(e).__name__}: {e}"
@@ -239,7 +240,7 @@ class AgentRunner:
     # ---- the endpoint's side: one call ----
     def _handle(self, key: str, kind: str, body: dict) -> dict:
         with self.live_lock:
-            episode = self.live.get(key)
+            episode, queue = self.live.get(key, (None, None))
         if episode is None:
             raise ApiError(404, f"episode {key} has ended (its agent returned or ran past agent.timeout_s) or "
                                 "never began", code="episode_ended")
@@ -255,14 +256,15 @@ class AgentRunner:
                                 f"{self.max_model_len} leaves no room to generate", code="context_length_exceeded",
                            param="messages" if kind == "chat" else "prompt")
         asked = vars(request).get("max_completion_tokens") or vars(request).get("max_tokens")  # (no deprecation)
-        call = Call(plan, min(room, self.sampling.max_new_tokens, asked or self.sampling.max_new_tokens))
+        budget = queue.sampling.max_new_tokens
+        call = Call(plan, min(room, budget, asked or budget))
         with self.live_lock:
             if key not in self.live:
                 raise ApiError(404, f"episode {key} has ended", code="episode_ended")
-            self.queue.put(call)
+            queue.put(call)
         if not call.done.wait(self.cfg.timeout_s) or call.error is not None:
             raise ApiError(503, f"the call was not generated: {call.error or 'agent.timeout_s passed'}")
-        return self._respond(episode, kind, request, call)
+        return self._respond(episode, kind, request, call, queue.sampling.stop_token_ids)
 
     def _plan(self, episode: Episode, kind: str, request) -> Plan:
         try:
@@ -281,10 +283,10 @@ class AgentRunner:
             raise ApiError(400, str(e), param="messages") from None
         raise ApiError(400, "prompt must be one string or one list of token ids", param="prompt")
 
-    def _respond(self, episode: Episode, kind: str, request, call: Call) -> dict:
+    def _respond(self, episode: Episode, kind: str, request, call: Call, stops: tuple[int, ...]) -> dict:
         s = call.sample
         ids = s.completion_ids
-        body_ids = ids[:-1] if s.finish_reason == "stop" and ids and ids[-1] in self.sampling.stop_token_ids else ids
+        body_ids = ids[:-1] if s.finish_reason == "stop" and ids and ids[-1] in stops else ids
         tok, reply, finish = self.renderer.tokenizer, None, s.finish_reason
         if kind == "chat":
             text = tok.decode(body_ids, skip_special_tokens=not request.tools)

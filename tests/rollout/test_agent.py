@@ -3,6 +3,7 @@
 one sample, token-exact against the chat template and in agreement with the trainer's forward; a history rewrite is
 a counted break; bad requests get OpenAI-style errors; failing agents end their own episodes."""
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -137,6 +138,14 @@ def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
         assert all(s.env.turns == 2 and s.env.breaks == 0 and s.env.reward == 1.0 for s in kept)
         mask = kept[0].completion_mask  # sampled, then the template's turn, then sampled again
         assert mask[0] and mask[-1] and not all(mask)
+        # an evaluation beside a rollout (asynchronous RL): each run's calls keep their own sampling
+        greedy = SamplingConfig(max_new_tokens=6, temperature=0.0, n=1)
+        alone = runner.run([{"q": "hi"}, {"q": "ho"}], greedy)
+        with ThreadPoolExecutor(2) as pool:
+            beside = pool.submit(runner.run, [{"q": "hi"}, {"q": "ho"}], greedy)
+            rollout = pool.submit(runner.run, [{"q": "hi"}] * 4, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
+            assert len({tuple(s.completion_ids) for s in rollout.result()}) > 1  # sampled, not greedy
+        assert [s.completion_ids for s in beside.result()] == [s.completion_ids for s in alone]
         runner.fn = load_agent("tests.agents.toy:rewriter")  # drops the reply: the second call starts over
         for s in runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2)):
             assert s.env.breaks == 1 and s.env.turns == 2 and s.env.reward == 0.5
