@@ -32,3 +32,19 @@ def shadowed_import(error: ImportError, wanted: str) -> str:
     return (f"; the {top!r} it imports from is this project's package {top!r} ({os.path.dirname(where)}), imported "
             f"first under that name: rename your own {top}.py (e.g. my_{top}.py), or import it relatively from "
             "within your package")
+
+
+def load_named(spec: str, key: str, form: str):
+    """The object `spec` names as `package.module:attribute` (config key `key`, which a user writes as `form`);
+    UserError saying which part is wrong and how to fix it."""
+    import importlib
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise UserError(f"{key} = {spec!r}: write it as {form}")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise UserError(f"{key} = {spec!r}: cannot import {module!r} ({e})"
+                        f"{shadowed_import(e, module) or '; is it on PYTHONPATH?'}") from None
+    except AttributeError:
+        raise UserError(f"{key} = {spec!r}: module {module!r} has no {attr!r}") from None

@@ -19,7 +19,6 @@ in rollout/env_errors, the first error printed once a step); a step on which eve
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import secrets
@@ -31,7 +30,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
-from common.errors import UserError, shadowed_import
+from common.errors import UserError, load_named
 from common.options import AgentConfig
 from rollout.agent_episode import Episode, Plan
 from rollout.agent_server import AgentEndpoint, ApiError, completion_body
@@ -43,18 +42,9 @@ from rollout.trajectory import MAX_HUNG_PER_WORKER, EnvCalls
 
 def load_agent(name: str) -> Callable:
     """The function named `package.module:function` (agent.fn); UserError saying what is wrong otherwise."""
-    module, sep, attr = name.partition(":")
-    if not sep or not module or not attr:
-        raise UserError(f"agent.fn = {name!r}: write it as package.module:function")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise UserError(f"agent.fn = {name!r}: cannot import {module!r} ({e})"
-                        f"{shadowed_import(e, module) or '; is it on PYTHONPATH?'}") from None
-    except AttributeError:
-        raise UserError(f"agent.fn = {name!r}: module {module!r} has no {attr!r}") from None
+    fn = load_named(name, "agent.fn", "package.module:function")
     if not callable(fn) or len(inspect.signature(fn).parameters) < 2:
-        raise UserError(f"agent.fn = {name!r}: {attr} must be a function run(row, client) -> reward")
+        raise UserError(f"agent.fn = {name!r}: {name.partition(':')[2]} must be a function run(row, client) -> reward")
     return fn
 
 

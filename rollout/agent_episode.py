@@ -76,23 +76,11 @@ class Episode:
             self.calls += 1
             last = self.samples[-1] if self.samples else None
             if plan.base is not None and plan.base is last and len(last.ids) == plan.base_len:
-                t, new = last, plan.prompt_ids[plan.base_len:]
-                t.ids += new
-                t.mask += [False] * len(new)
-                t.logprobs += [0.0] * len(new)
-                if t.versions:
-                    t.versions = t.versions_padded()
+                last.add_observation(plan.prompt_ids[plan.base_len:])
             else:
                 self.breaks += bool(self.samples)
-                t = Trajectory(self.index, ids=list(plan.prompt_ids), prompt_len=len(plan.prompt_ids))
-                self.samples.append(t)
-            if generated.versions is not None:  # generated ahead (rlhf.async_rollout): each token's policy version
-                t.versions = t.versions_padded() + generated.versions.tolist()
-            t.ids += generated.completion_ids
-            t.mask += [True] * len(generated.completion_ids)
-            t.logprobs += generated.rollout_logprobs.tolist()
-            t.turns += 1
-            t.finish_reason, t.last_turn = generated.finish_reason, list(generated.completion_ids)
+                self.samples.append(Trajectory(self.index, ids=list(plan.prompt_ids), prompt_len=len(plan.prompt_ids)))
+            self.samples[-1].add_turn(generated)
             self.history = (plan.messages, reply, plan.tools) if plan.messages is not None and reply else None
 
     def sample(self, pad_id: int) -> Sample:

@@ -19,12 +19,11 @@ Tools are plain functions an environment calls when the action asks for one; `ca
 """
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from common.errors import UserError, shadowed_import
+from common.errors import UserError, load_named
 
 
 @dataclass
@@ -48,19 +47,10 @@ class Environment:
 
 def load_environment(name: str) -> type:
     """The class named `package.module:ClassName` (env.name); UserError saying what is wrong otherwise."""
-    module, sep, attr = name.partition(":")
-    if not sep or not module or not attr:
-        raise UserError(f"env.name = {name!r}: write it as package.module:ClassName")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except ImportError as e:
-        raise UserError(f"env.name = {name!r}: cannot import {module!r} ({e})"
-                        f"{shadowed_import(e, module) or '; is it on PYTHONPATH?'}") from None
-    except AttributeError:
-        raise UserError(f"env.name = {name!r}: module {module!r} has no {attr!r}") from None
+    cls = load_named(name, "env.name", "package.module:ClassName")
     if not (isinstance(cls, type) and callable(getattr(cls, "reset", None)) and callable(getattr(cls, "step", None))):
-        raise UserError(f"env.name = {name!r}: {attr} must be a class with reset(row) and step(action) "
-                        "(subclass rollout.env.Environment)")
+        raise UserError(f"env.name = {name!r}: {name.partition(':')[2]} must be a class with reset(row) and "
+                        "step(action) (subclass rollout.env.Environment)")
     return cls
 
 

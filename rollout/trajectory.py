@@ -55,6 +55,22 @@ class Trajectory:
         """`versions` with the observation tokens since the last turn (not trained on) marked as that turn's."""
         return self.versions + self.versions[-1:] * (len(self.mask) - len(self.versions))
 
+    def add_observation(self, ids: list[int]) -> None:
+        """Ids between the model's turns (an observation, the template's turn markers): context, not trained on."""
+        self.ids += ids
+        self.mask += [False] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+
+    def add_turn(self, s: Sample) -> None:
+        """The model's next turn, as the engine sampled it (`s`: generated from `self.ids`)."""
+        if s.versions is not None:  # generated ahead (rlhf.async_rollout): each turn's policy version
+            self.versions = self.versions_padded() + s.versions.tolist()
+        self.ids += s.completion_ids
+        self.mask += [True] * len(s.completion_ids)
+        self.logprobs += s.rollout_logprobs.tolist()
+        self.turns += 1
+        self.finish_reason, self.last_turn = s.finish_reason, list(s.completion_ids)
+
     def sample(self) -> Sample:
         return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:],
                       np.asarray(self.logprobs, dtype=np.float32),
@@ -185,13 +201,7 @@ class TrajectoryRunner:
     def _generate(self, group, trajs: list[Trajectory], sampling: SamplingConfig) -> None:
         samples = group.collect(group.submit([t.ids for t in trajs], sampling))
         for t, s in zip(trajs, samples):
-            if s.versions is not None:  # generated ahead (rlhf.async_rollout): each turn's policy version
-                t.versions = t.versions_padded() + s.versions.tolist()
-            t.ids += s.completion_ids
-            t.mask += [True] * len(s.completion_ids)
-            t.logprobs += s.rollout_logprobs.tolist()
-            t.turns += 1
-            t.finish_reason, t.last_turn = s.finish_reason, list(s.completion_ids)
+            t.add_turn(s)
 
     def _after_env(self, t: Trajectory, fut: Optional[Future], max_new_tokens: int, errors: list[str]) -> bool:
         """An environment answered its reset or step (`fut`; None: it timed out): True when the trajectory goes
@@ -215,10 +225,8 @@ class TrajectoryRunner:
             if result.done or result.observation is None or t.turns >= self.cfg.max_turns:
                 return False
             closed = bool(t.last_turn) and t.last_turn[-1] == self.renderer.close_id
-            obs = self.renderer.turn_ids(str(result.observation), self.cfg.observation_role, closed=closed)
-            t.ids += obs
-            t.mask += [False] * len(obs)
-            t.logprobs += [0.0] * len(obs)
+            t.add_observation(self.renderer.turn_ids(str(result.observation), self.cfg.observation_role,
+                                                     closed=closed))
         if len(t.ids) + max_new_tokens > self.max_model_len:  # the next turn would not fit the context
             t.finish_reason = "length"
             return False
