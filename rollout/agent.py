@@ -109,7 +109,8 @@ class AgentRunner:
     def __init__(self, group, renderer: PromptRenderer, cfg: AgentConfig, max_model_len: int,
                  max_calls_in_flight: int = 2, model_name: str = "policy"):
         self.group, self.renderer, self.cfg, self.max_model_len = group, renderer, cfg, max_model_len
-        self.fn, self.max_calls_in_flight = load_agent(cfg.fn), max_calls_in_flight
+        self.fn = load_agent(cfg.fn) if cfg.fn else None  # (None: `serve` only)
+        self.max_calls_in_flight = max_calls_in_flight
         self.tools = ToolCalls(cfg.tool_parser, renderer.tokenizer)
         self.live: dict[str, tuple[Episode, Calls]] = {}  # episode key -> the episode and its run's calls
         self.live_lock = threading.Lock()
@@ -123,12 +124,32 @@ class AgentRunner:
             self.http.close()
 
     # ---- the rollout ----
-    def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
-        group = group or self.group
+    def _calls(self, sampling: SamplingConfig) -> Calls:
+        """A run's queue, its calls sampled one at a time and stopping at the turn's end."""
         stops = self.renderer.stop_ids([[{"role": "user", "content": ""}]] if self.renderer.tokenizer.chat_template
                                        else [""])
-        queue = Calls(replace(sampling, n=1, seed=None,
-                              stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stops]))))
+        return Calls(replace(sampling, n=1, seed=None,
+                             stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stops]))))
+
+    def serve(self, key: str, sampling: SamplingConfig, stop: threading.Event, group=None) -> Episode:
+        """Answer calls under `key`, one open-ended episode, until `stop` is set; its captured samples are returned
+        (`python -m rlhf.agent_serve`: the endpoint without a training run, for curl and for trying an agent)."""
+        group, queue, episode = group or self.group, self._calls(sampling), Episode(key, 0)
+        with self.live_lock:
+            self.live[key] = (episode, queue)
+        try:
+            while not stop.is_set():
+                hold = queue.hold()
+                if hold == 0.0:
+                    self._generate(group, queue.take(), queue.sampling)
+                else:
+                    wait([queue.arrived], timeout=0.5 if hold is None else hold)
+        finally:
+            self._retire([episode], queue)
+        return episode
+
+    def run(self, rows: Sequence[dict], sampling: SamplingConfig, group=None) -> list[Sample]:
+        group, queue = group or self.group, self._calls(sampling)
         episodes = [Episode(secrets.token_hex(8), i) for i, _ in enumerate(rows) for _ in range(sampling.n)]
         with self.live_lock:
             self.live.update({e.key: (e, queue) for e in episodes})

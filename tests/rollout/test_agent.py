@@ -186,3 +186,34 @@ def _failing(runner, capsys):
     assert toy.SEEN == [("late", 404, "episode_ended")]  # its call came after its episode ended
     runner.fn = load_agent("tests.agents.toy:async_two_turns")
     assert [s.env.reward for s in runner.run([{"q": "x"}], SamplingConfig(max_new_tokens=3, n=2))] == [1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_the_endpoint_serves_curl_without_a_run(engines):
+    """`python -m rlhf.agent_serve`'s loop: plain HTTP calls (what curl sends) are answered and captured."""
+    import json
+    import threading
+    import urllib.request
+
+    from rollout.agent import AgentRunner
+    _, group, renderer = engines
+    runner, stop = AgentRunner(group, renderer, AgentConfig(max_calls=100), max_model_len=1024), threading.Event()
+
+    def post(body: dict) -> dict:
+        request = urllib.request.Request(runner.endpoint.url("demo") + "/chat/completions", method="POST",
+                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as answer:
+            return json.loads(answer.read())
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            served = pool.submit(runner.serve, "demo", SamplingConfig(max_new_tokens=4, temperature=0.0), stop)
+            ask = [{"role": "user", "content": "hi"}]
+            first = post({"model": "policy", "messages": ask})
+            assert first["object"] == "chat.completion" and first["usage"]["completion_tokens"] >= 1
+            post({"model": "policy", "messages": ask + [first["choices"][0]["message"],
+                                                        {"role": "user", "content": "again"}]})
+            stop.set()
+            episode = served.result(timeout=30)
+    finally:
+        runner.close()
+    assert (episode.calls, len(episode.samples), episode.breaks) == (2, 1, 0)  # the second call continued the first
