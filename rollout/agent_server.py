@@ -17,6 +17,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
+from common.errors import UserError
+
 
 class ApiError(Exception):
     """An OpenAI-style error answer: HTTP `status`, a message saying what to change, and its `code`."""
@@ -57,7 +59,11 @@ class AgentEndpoint:
                 pass
 
         self.handle, self.model = handle, model
-        self.server = _Server((host, port), _Requests)
+        try:
+            self.server = _Server((host, port), _Requests)
+        except OSError as e:  # the port is taken, or the host is not this machine's
+            raise UserError(f"agent.host/agent.port = {host}:{port}: cannot listen there ({e.strerror}); choose "
+                            "another port (0: any free one)") from None
         self.host, self.port = host, self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, name="agent-endpoint", daemon=True)
         self.thread.start()

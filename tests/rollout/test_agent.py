@@ -74,6 +74,16 @@ def test_a_message_sent_back_is_recognised_whatever_the_client_wrote():
     assert not same_message({"role": "user", "content": "a"}, {"role": "assistant", "content": "a"})
 
 
+def test_a_taken_port_is_a_clear_error():
+    from rollout.agent_server import AgentEndpoint
+    first = AgentEndpoint(lambda *a: {}, "policy")
+    try:
+        with pytest.raises(UserError, match=f"agent.host/agent.port = 127.0.0.1:{first.port}: cannot listen"):
+            AgentEndpoint(lambda *a: {}, "policy", port=first.port)
+    finally:
+        first.close()
+
+
 def test_agent_config_is_checked_before_the_run():
     from rlhf.config import load_config
     with pytest.raises(UserError) as e:
