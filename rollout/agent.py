@@ -201,6 +201,8 @@ class AgentRunner:
         e.seconds = seconds
         with self.live_lock:  # its late calls now get 404
             self.live.pop(e.key, None)
+        with e.lock:  # and one still generating is not kept
+            e.closed = True
         if fut is None:
             e.error = f"the agent did not return within agent.timeout_s = {self.cfg.timeout_s} s"
         elif fut.exception() is not None:

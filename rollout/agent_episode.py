@@ -42,6 +42,7 @@ class Episode:
     reward: float = 0.0
     seconds: float = 0.0
     error: Optional[str] = None
+    closed: bool = False  # its agent returned or was given up on: a call still in flight is answered, not kept
     history: Optional[tuple[list[dict], dict, Optional[list]]] = None  # the last chat call: messages, reply, tools
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -73,6 +74,8 @@ class Episode:
         """A call's result: appended to the context it planned on when that is still the episode's latest (a
         parallel call may have moved it), else a new sample."""
         with self.lock:
+            if self.closed:
+                return
             self.calls += 1
             last = self.samples[-1] if self.samples else None
             if plan.base is not None and plan.base is last and len(last.ids) == plan.base_len:
@@ -84,10 +87,13 @@ class Episode:
             self.history = (plan.messages, reply, plan.tools) if plan.messages is not None and reply else None
 
     def sample(self, pad_id: int) -> Sample:
-        """The trained sample: the last context, with the episode's reward; an episode that failed or made no call
-        trains nothing (one pad token, reward 0), so the batch keeps its shape."""
-        error = self.error is not None or not self.samples
-        t = self.samples[-1] if self.samples else Trajectory(self.index, ids=[pad_id], prompt_len=1)
-        s = t.sample()
+        """The trained sample: the last context, with the episode's reward (0 when it failed, as an environment's
+        failure scores); an episode that made no call trains nothing (one pad token), so the batch keeps its shape.
+        The episode is closed: a call of its agent still in flight is answered but not kept."""
+        with self.lock:
+            self.closed = True
+            error = self.error is not None or not self.samples
+            t = self.samples[-1] if self.samples else Trajectory(self.index, ids=[pad_id], prompt_len=1)
+            s = t.sample()
         s.env = EnvOutcome(0.0 if error else self.reward, self.calls, self.seconds, error, self.breaks)
         return s
