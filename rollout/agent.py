@@ -10,9 +10,10 @@ OpenAI-compatible endpoint (rollout.agent_server), one URL per episode, so its c
 
 `AgentRunner.run(rows, sampling)` plays `sampling.n` episodes per row (agent.concurrency at once) and returns one
 Sample per episode in row order, like rollout.trajectory's runner, so GRPO/RLOO/PPO, LoRA, asynchronous RL and
-evaluation take it unchanged. The calls of all episodes are batched into engine calls as they arrive (at most
-`max_calls_in_flight` engine calls at once); every call samples with the run's rollout settings (temperature, top-p:
-what the trainer's log-probs assume), the request's `max_tokens` capping `rollout.max_new_tokens`. An agent that
+evaluation take it unchanged. The calls of all episodes are batched into engine calls (at most
+`max_calls_in_flight` at once), held until arrivals are quiet (QUIET_S, at most HOLD_S); every call samples with
+the run's rollout settings (temperature, top-p: what the trainer's log-probs assume), the request's `max_tokens`
+capping `rollout.max_new_tokens`. `serve` answers one open-ended episode without a run (rlhf.agent_serve). An agent that
 raises, outlives `agent.timeout_s` or returns something other than a number ends its own episode (reward 0, counted
 in rollout/env_errors, the first error printed once a step); a step on which every episode failed stops the run.
 """
