@@ -95,7 +95,8 @@ def test_reward_url_is_checked_with_the_config():
 
 def test_the_reward_server_command_says_what_is_wrong(capsys):
     from rlhf.reward_server import main
-    assert main(["--fn", "nowhere.at_all:f"]) == 2 and "cannot import module 'nowhere.at_all'" in capsys.readouterr().err
+    assert main(["--fn", "nowhere.at_all:f"]) == 2
+    assert "cannot import module 'nowhere.at_all'" in capsys.readouterr().err
     taken = reward_server(length_reward)
     try:
         assert main(["--fn", "math", "--port", str(taken.server_address[1])]) == 2
