@@ -47,3 +47,17 @@ def cache_root() -> str:
     out) does not rebuild DeepSpeed's C++ ops every time; RLHF_CACHE_DIR overrides it."""
     user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.environ.get("RLHF_CACHE_DIR", os.path.join(user_cache, "rlhf-orchestra"))
+
+
+def send_json(handler, status: int, body: dict) -> None:
+    """Answer an http.server request with `body` as JSON; a client that already hung up (its own timeout) is let go."""
+    import json
+    data = json.dumps(body).encode()
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass

@@ -17,6 +17,8 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
+from common.net import send_json
+
 
 def reward_server(fn: Callable, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A server (not yet serving: call serve_forever) answering reward requests with `fn`."""
@@ -37,12 +39,7 @@ def reward_server(fn: Callable, host: str = "127.0.0.1", port: int = 0) -> Threa
             self._send(200, {"rewards": rewards})
 
         def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            send_json(self, status, body)
 
         def log_message(self, *args):
             pass

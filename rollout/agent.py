@@ -317,8 +317,8 @@ class AgentRunner:
 
 
 def _shared_http(connections: int):
-    """One connection pool for every sync episode: a client of its own costs ~20 ms of held GIL (its SSL context),
-    which spread a step's first calls over a second and split them into several engine calls."""
+    """One connection pool for every sync episode: a client of its own builds an SSL context while holding the
+    GIL, which spread a step's first calls out and split them into several engine calls (docs/performance.md)."""
     import httpx
     import openai
     return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=connections,

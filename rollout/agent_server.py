@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 from common.errors import UserError
+from common.net import send_json
 
 
 class ApiError(Exception):
@@ -83,15 +84,7 @@ class AgentEndpoint:
             status, body = e.status, e.body()
         except Exception as e:  # a bug here must not kill the server thread or hang the agent: a 500 it can log
             status, body = 500, ApiError(500, f"{type(e).__name__}: {e}").body()
-        data = json.dumps(body).encode()
-        try:
-            req.send_response(status)
-            req.send_header("Content-Type", "application/json")
-            req.send_header("Content-Length", str(len(data)))
-            req.end_headers()
-            req.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the agent gave up on the call (its own timeout)
-            pass
+        send_json(req, status, body)
 
     def _route(self, req: BaseHTTPRequestHandler, method: str) -> dict:
         parts = req.path.split("?", 1)[0].strip("/").split("/")
