@@ -46,7 +46,7 @@ def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
 
 def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
     """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
-    (trainer.offload) only for its FusedAdam, a CUDA op built on first use (rlhf.config_gpu checks it can be)."""
+    (trainer.offload) only for its FusedAdam, a CUDA op built on first use (rlhf.rl.preflight checks it can be)."""
     if tr.offload and tr.zero_stage == 3 and torch.cuda.is_available():
         from deepspeed.ops.adam import FusedAdam
         return skippable(FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True))

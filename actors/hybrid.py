@@ -3,7 +3,7 @@
 rank, and a weight sync hands the trainer's tensors to the engine by reference (`rollout.sync`'s `local` channel):
 no staging buffer, no copy besides the engine's own load.
 
-The engine class is an argument, so this module knows no engine: `rlhf.startup` passes `VLLMEngine` (in-process
+The engine class is an argument, so this module knows no engine: `rlhf.rl.startup` passes `VLLMEngine` (in-process
 engine core) or `HFEngine`. Two ranks' vLLM engines each see the trainers' two-rank process group and take it as
 two independent replicas (vLLM's external data parallelism); they start together, as the ranks do."""
 from __future__ import annotations

@@ -90,7 +90,7 @@ def main() -> None:
     a = p.parse_args()
     os.chdir(ROOT)
     from rlhf.config import load_config
-    from rlhf.controller import RLController
+    from rlhf.rl.controller import RLController
 
     out = os.path.join(ROOT, ".cache", "driver_io", time.strftime("%H%M%S"))
     cfg = load_config(a.config, [f"output_dir={out}", f"trainer.max_steps={a.steps}", "eval.every=0",

@@ -34,7 +34,7 @@ H200_BF16_TFLOPS = 989.0  # dense
 
 def build_shape(size: str, root: str) -> str:
     """Save the shaped model (random init) with the kit's tokenizer; token ids above its vocab are never produced."""
-    from rlhf.tiny import build_model, train_tokenizer
+    from rlhf.weights.tiny import build_model, train_tokenizer
     path = os.path.join(root, f"shape-{size}")
     if not os.path.exists(os.path.join(path, "config.json")):
         cfg, vocab = SHAPES[size]
@@ -145,7 +145,7 @@ def ipc_row(path: str, args) -> dict:
 
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
-    from rlhf.placement import Placement
+    from rlhf.rl.placement import Placement
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync
     from rollout.hf_engine import HFEngine
@@ -181,7 +181,7 @@ def hybrid_row(path: str, args) -> dict:
 
     from actors.group import ActorGroup
     from actors.hybrid import HybridWorker
-    from rlhf.placement import Placement
+    from rlhf.rl.placement import Placement
     from rollout.group import RolloutGroup
     from rollout.hf_engine import HFEngine
     from rollout.sync import setup_sync
@@ -230,7 +230,7 @@ def rule_rows(gpu: dict) -> list[dict]:
     hidden = make_actor(_Probe, "no-GPU probe", {})
     rows.append({"finding": "3: an actor asking no GPU sees none",
                  "ok": ray_get([hidden.visible_gpus.remote()], 300, ["no-GPU probe"])[0] == 0})
-    from rlhf.config_gpu import fused_adam_problem
+    from rlhf.rl.preflight import fused_adam_problem
     problem = fused_adam_problem()
     rows.append({"finding": f"review 2, 2: FusedAdam buildable ({problem or 'nvcc and ninja found'})",
                  "ok": problem is None})

@@ -18,7 +18,7 @@ SIZES = {
 
 
 def build(size: str, root: str | None = None) -> str:
-    from rlhf.tiny import save_tiny_model
+    from rlhf.weights.tiny import save_tiny_model
     root = root or tempfile.mkdtemp(prefix="rlhf-bench-")
     path = os.path.join(root, f"model-{size}")
     if not os.path.exists(os.path.join(path, "config.json")):

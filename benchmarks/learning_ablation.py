@@ -152,7 +152,7 @@ def one_update(model: str, lr: float = 2e-5) -> None:
 
     from actors.policy import PolicyTrainer
     from rlhf.config import TrainerConfig
-    from rlhf.sft import tokenize_sft
+    from rlhf.stages.sft import tokenize_sft
     from rollout.render import PromptRenderer
 
     rows = [js.loads(line) for line in open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl"))][:64]

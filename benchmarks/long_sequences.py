@@ -38,7 +38,7 @@ def model_dir(name: str) -> str:
     from transformers import AutoModelForCausalLM
 
     from rlhf.config import TinyModelConfig
-    from rlhf.tiny import save_tiny_model
+    from rlhf.weights.tiny import save_tiny_model
     out = os.path.join(ROOT, ".cache", "long_sequences", "tiny-152k")
     if not os.path.isfile(os.path.join(out, "config.json")):
         save_tiny_model(TinyModelConfig(max_position_embeddings=32768), out)

@@ -12,7 +12,7 @@ rollout:  VLLMEngine.generate (per-prompt seeds, log-probs, token ids) against t
 sync:     VLLMEngine.update_weights of every trainer tensor (a hybrid rank's local channel: vLLM's reload, then the
           prefix-cache reset) against a plain copy of the same bytes (GB/s) and against vLLM-CPU's repacking of
           the linear weights for its kernels alone (what every load on CPU must redo).
-eval:     rlhf.evaluate.evaluate, greedy, on the 128 held-out prompts (the recipe's eval without its pass@k).
+eval:     rlhf.stages.evaluate.evaluate, greedy, on the 128 held-out prompts (the recipe's eval without its pass@k).
 """
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def main() -> None:
     from common.dtypes import DTYPES
     from rlhf import smollm2
     from rlhf.config import EvalConfig
-    from rlhf.evaluate import evaluate
+    from rlhf.stages.evaluate import evaluate
     from rollout.engine import SamplingConfig
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward

@@ -53,7 +53,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from rlhf.config import DataConfig
-    from rlhf.tasks import make_rows
+    from rlhf.stages.tasks import make_rows
     from rollout.engine import SamplingConfig
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,

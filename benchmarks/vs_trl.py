@@ -109,7 +109,7 @@ def recipe(algo: str, model: str, out: str, steps: int, ranks: int = 1, engines:
 def inputs(algo: str, model: str, steps: int, seed: int = 0) -> tuple[object, list[dict]]:
     """Our resolved config, and the rows our loop will draw, in its order (what TRL is fed, unshuffled)."""
     from rlhf.config import load_config
-    from rlhf.data import BatchIterator, preference_rows, prompt_rows
+    from rlhf.stages.data import BatchIterator, preference_rows, prompt_rows
 
     path, overrides = recipe(algo, model, os.path.join(CACHE, "probe"), steps, seed=seed)
     cfg = load_config(os.path.join(ROOT, path), overrides)
@@ -173,8 +173,8 @@ def exact_match(cfg, model_dir: str) -> float:
     """Greedy eval of a final model on our held-out prompts, by the same code for both sides."""
     import torch
 
-    from rlhf.data import make_renderer, prompt_rows
-    from rlhf.evaluate import evaluate
+    from rlhf.stages.data import make_renderer, prompt_rows
+    from rlhf.stages.evaluate import evaluate
     from rollout.hf_engine import HFEngine
     from rollout.rewards import resolve_reward_fn
 

@@ -43,7 +43,7 @@ PROMPTS, SAMPLES = 16, 4
 def ordered_rows(steps: int, seed: int) -> list[dict]:
     """The rows our loop draws, in its order: what TRL is fed, unshuffled."""
     from rlhf.config import load_config
-    from rlhf.data import BatchIterator, prompt_rows
+    from rlhf.stages.data import BatchIterator, prompt_rows
 
     cfg = load_config(os.path.join(ROOT, RECIPE), [f"seed={seed}"])
     it = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed), PROMPTS, cfg.seed)
@@ -100,7 +100,7 @@ def score(model: str, base: str, seed: int, samples: int = 4) -> dict:
 
 def _score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     from rlhf.config import EvalConfig
-    from rlhf.evaluate import evaluate
+    from rlhf.stages.evaluate import evaluate
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward
     from rollout.vllm_engine import VLLMEngine

@@ -1,21 +1,38 @@
 """The option objects workers receive (small dataclasses, never the whole run config). `rlhf.config` composes them
-into RunConfig, so they are also the `model.lora`, `trainer` and `algorithm` sections of a YAML config."""
+into RunConfig, so they are also the `model.lora`, `trainer` and `algorithm` sections of a YAML config. A key whose
+value is one of a fixed set declares the set here, once (`one_of`): rlhf.config checks it and lists it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
+
+
+def one_of(default: Any, *allowed: Any):
+    """A dataclass field whose value must be one of `allowed` (null passes where the key is Optional). OmegaConf
+    cannot enforce these as Enum types (names like bf16-true and k3+ are not identifiers), so rlhf.config.checks
+    does, and --help-config and docs/config-reference.md list them."""
+    return field(default=default, metadata={"choices": allowed})
 
 
 # bf16-true: bf16 weights train (fp32 master copies in the optimizer, started from the checkpoint's own values);
 # bf16-mixed: fp32 weights, matmuls under bf16 autocast (norms, embeddings, the residual stream and gradients
 # stay fp32, as TRL and accelerate train); fp32: no reduced precision; fp16-true: as bf16-true in float16
 PRECISIONS = ("bf16-true", "bf16-mixed", "fp32", "fp16-true")
+ALGORITHMS = ("grpo", "rloo", "reinforce_pp", "ppo", "opd")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3+")  # algorithms/kl.py (not imported here: the config loads without torch)
+LOSS_AGG = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+POLICY_LOSSES = ("clip", "gspo", "gspo_token", "cispo")  # algorithms/policy_losses.py's table (a test compares)
 _BY_DTYPE = {"float32": "fp32", "bfloat16": "bf16-true", "float16": "fp16-true"}
 
 
 def precision_of(precision: Optional[str], dtype: str) -> str:
     """trainer.precision, or the one model.dtype implies when it is null."""
     return precision if precision is not None else _BY_DTYPE[dtype]
+
+
+def cuda_ipc_reaches(mode: str, num_engines: int, world_size: int) -> bool:
+    """Engine i shares its GPU with trainer rank i, which feeds it (rollout.sync.ipc.feeding_rank)."""
+    return mode == "colocate" and num_engines <= world_size
 
 
 @dataclass
@@ -39,7 +56,8 @@ class TrainerConfig:
     warmup_steps: int = 10  # linear learning-rate warm-up from 0
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     grad_clip: float = 1.0  # clip the global gradient norm to this
-    zero_stage: int = 0  # DeepSpeed ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded
+    # DeepSpeed ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded
+    zero_stage: int = one_of(0, 0, 1, 2, 3)
     world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
     max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
     offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
@@ -65,16 +83,16 @@ class TrainerConfig:
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is
-    precision: Optional[str] = None
+    precision: Optional[str] = one_of(None, *PRECISIONS)
 
 
 @dataclass
 class AlgorithmConfig:
     """On-policy RL (stage: rl)."""
 
-    name: str = "grpo"  # grpo | rloo | reinforce_pp | ppo | opd (on-policy distillation from teacher.path)
+    name: str = one_of("grpo", *ALGORITHMS)  # the estimator; opd = on-policy distillation from teacher.path
     kl_coef: float = 0.0  # 0 = no reference model
-    kl_estimator: str = "k3"  # k1 | k2 | k3 | k3+ (k3's value, k2's gradient); see algorithms/kl.py
+    kl_estimator: str = one_of("k3", *KL_ESTIMATORS)  # k3+ = k3's value, k2's gradient; see algorithms/kl.py
     kl_in_reward: bool = False  # true: -kl_coef*KL added to token rewards; false: kl_coef*KL added to the loss
     clip_low: float = 0.2  # PPO ratio clip below 1: ratio >= 1 - clip_low
     clip_high: float = 0.2  # PPO ratio clip above 1: ratio <= 1 + clip_high (DAPO raises it, e.g. 0.28)
@@ -89,17 +107,17 @@ class AlgorithmConfig:
     tis_mask_high: Optional[float] = None  # the mask's upper bound (see tis_mask_low)
     # what tis_cap (truncate) and tis_mask_* (mask) weigh: token (each token's pi_old / pi_rollout) | sequence (one
     # weight per response, the product of its tokens' ratios); the engine-trainer mismatch correction's level
-    rollout_correction: str = "token"
+    rollout_correction: str = one_of("token", "token", "sequence")
     # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
     # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
-    policy_loss: str = "clip"
+    policy_loss: str = one_of("clip", *POLICY_LOSSES)
     # DAPO's overlong shaping: over the last N tokens of rollout.max_new_tokens the reward falls linearly, by
     # overlong_penalty at the budget (a completion cut there loses it all); 0 = off
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0  # the reward a completion loses at the end of the budget (DAPO: 1.0)
     # opd: the task reward's GRPO advantage, times this, beside the teacher's per-token signal; 0 = distillation alone
     opd_task_coef: float = 0.0
-    loss_agg: str = "token-mean"  # how token losses become the batch loss (docs/algorithms.md)
+    loss_agg: str = one_of("token-mean", *LOSS_AGG)  # how token losses become the batch loss (docs/algorithms.md)
     # seq-mean-token-sum-norm's constant (Dr. GRPO divides each sequence's token sum by the generation budget);
     # null = rollout.max_new_tokens
     loss_norm_len: Optional[int] = None
@@ -110,7 +128,7 @@ class AlgorithmConfig:
     critic_lr: float = 1e-4  # ppo: the critic's learning rate (other trainer settings are shared)
     value_clip: float = 0.2  # ppo: clip range of the value loss
     beta: float = 0.1  # dpo: strength of the implicit KL constraint
-    dpo_loss: str = "sigmoid"  # dpo: sigmoid | ipo | hinge
+    dpo_loss: str = one_of("sigmoid", "sigmoid", "ipo", "hinge")  # dpo: the preference loss
     label_smoothing: float = 0.0  # dpo (sigmoid): assumed fraction of flipped labels
     dpo_nll_coef: float = 0.0  # dpo: + coef x per-token NLL of the chosen answer (RPO, Pang et al. 2024)
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from new prompts
@@ -132,7 +150,7 @@ class EnvConfig:
     kwargs: dict = field(default_factory=dict)  # passed to the class's constructor
     timeout_s: float = 30.0  # per reset/step; a step over it (or one that raises) ends its trajectory, reward 0
     num_workers: int = 8  # threads stepping environments while the engines generate
-    observation_role: str = "user"  # the chat role of observations: user, or tool where the template has one
+    observation_role: str = one_of("user", "user", "tool")  # observations' chat role (tool where the template has one)
 
 
 @dataclass

@@ -1,1 +1,2 @@
-"""rlhf: config, controller, data, checkpoints, logging and the command-line entry point."""
+"""The driver: the commands (run, models, smollm2, plot, agent_serve, reward_server) and its rooms: config/, stages/,
+rl/, outputs/, weights/."""

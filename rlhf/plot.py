@@ -7,7 +7,7 @@ import os
 import sys
 
 from common.errors import UserError
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 
 PANELS = [
     ("reward", ["rollout/reward_mean", "rollout/task_reward_mean", "eval/reward_mean"], "linear"),

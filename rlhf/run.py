@@ -17,26 +17,25 @@ from rlhf.config import RunConfig, load_config, to_yaml
 
 def _stage_runner(stage: str):
     if stage == "sft":
-        from rlhf.sft import run_sft
+        from rlhf.stages.sft import run_sft
         return run_sft
     if stage == "dpo":
-        from rlhf.preference import run_dpo
+        from rlhf.stages.preference import run_dpo
         return run_dpo
     if stage == "rm":
-        from rlhf.preference import run_rm
+        from rlhf.stages.preference import run_rm
         return run_rm
     if stage == "rl":
-        from rlhf.controller import run_rl
+        from rlhf.rl.controller import run_rl
         return run_rl
     raise UserError(f"stage = {stage!r} has no runner")
 
 
 def run(cfg: RunConfig):
-    """The stage, with the machine-dependent defaults resolved (rlhf.config_resolve): what it saves is what ran."""
-    from rlhf.config_resolve import resolved
-    from rlhf.run_identity import run_lock
+    """The stage, on a config from load_config (its machine-dependent defaults resolved: what it saves is what ran)."""
+    from rlhf.outputs.run_identity import run_lock
     with run_lock(cfg.output_dir):  # one run per folder
-        return _stage_runner(cfg.stage)(resolved(cfg))
+        return _stage_runner(cfg.stage)(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,13 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.help_config is not None:
-            from rlhf.config_doc import help_text
+            from rlhf.config.doc import help_text
             print(help_text(args.help_config), end="")
             return 0
         cfg = load_config(args.config, args.overrides)
+        if cfg.stage == "rl":  # what the config alone cannot say: the user's code loads, the host can run it
+            from rlhf.rl.preflight import preflight
+            preflight(cfg)
         if args.print_config:
-            from rlhf.config_resolve import resolved
-            print(to_yaml(resolved(cfg)), end="")
+            print(to_yaml(cfg), end="")
             return 0
         run(cfg)
     except (UserError, TrainingStopped) as e:

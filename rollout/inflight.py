@@ -18,7 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
+import numpy as np
+
 from rollout.engine import Advanced, Delta, Request, SamplingConfig
+
+
+def sampled_logprobs(flat) -> np.ndarray:
+    """Each position's sampled-token log-prob, (T,) float32, from vLLM's FlatLogprobs (logprobs=0: the sampled token
+    alone, and vLLM puts it first at every position)."""
+    return np.asarray(flat.logprobs, dtype=np.float32)[list(flat.start_indices)]
 
 
 @dataclass
@@ -143,7 +151,6 @@ class KeptRequests:
 
     def _step(self) -> dict[str, object]:
         """One engine step: kept requests' tokens recorded; finished outputs of other requests returned by id."""
-        from rollout.vllm_engine import sampled_logprobs
 
         finished = {}
         for out in self.engine.step():

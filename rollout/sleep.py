@@ -48,3 +48,27 @@ class SleepState:
                                "wake_up() first")
         if self.weights_discarded:
             raise RuntimeError("generate() after sleep level 2 without a weight sync: the weights were discarded")
+
+
+class EngineMemory:
+    """GPU colocation: the engines are awake for a step's rollout rounds and asleep again once nothing more will be
+    generated (`release`, or leaving the block), so the reward and reference models and the trainers get the GPU.
+    Generating ahead (rollout.max_staleness) they never sleep: a generation is always in flight."""
+
+    def __init__(self, rollout, asleep_between_steps: bool):
+        self.rollout, self.active, self.awake = rollout, asleep_between_steps, False
+
+    def __enter__(self) -> "EngineMemory":
+        if self.active:
+            self.rollout.wake_up()
+            self.awake = True
+        return self
+
+    def release(self) -> None:
+        if self.awake:
+            self.rollout.sleep()
+            self.awake = False
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is None:
+            self.release()

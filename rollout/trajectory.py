@@ -63,7 +63,7 @@ class Trajectory:
 
     def add_turn(self, s: Sample) -> None:
         """The model's next turn, as the engine sampled it (`s`: generated from `self.ids`)."""
-        if s.versions is not None:  # generated ahead (rlhf.async_rollout): each turn's policy version
+        if s.versions is not None:  # generated ahead (rollout.async_rollout): each turn's policy version
             self.versions = self.versions_padded() + s.versions.tolist()
         self.ids += s.completion_ids
         self.mask += [True] * len(s.completion_ids)

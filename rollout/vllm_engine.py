@@ -9,12 +9,11 @@ import os
 import sys
 from typing import Iterable, Optional, Sequence
 
-import numpy as np
 import torch
 
 from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
-from rollout.inflight import KeptRequests, vllm_counts
+from rollout.inflight import KeptRequests, sampled_logprobs, vllm_counts
 from rollout.reap import actor_key, reap_orphans, record_children
 from rollout.render import render_prompts
 from rollout.sleep import SleepState
@@ -30,12 +29,6 @@ def no_torch_compile() -> None:
     os.environ["TORCH_COMPILE_DISABLE"] = "1"  # read when torch._dynamo loads, here or in a child process
     if "torch._dynamo.config" in sys.modules:  # already loaded: the flag is read at each compile
         sys.modules["torch._dynamo.config"].disable = True
-
-
-def sampled_logprobs(flat) -> np.ndarray:
-    """Each position's sampled-token log-prob, (T,) float32, from vLLM's FlatLogprobs (logprobs=0: the sampled token
-    alone, and vLLM puts it first at every position)."""
-    return np.asarray(flat.logprobs, dtype=np.float32)[list(flat.start_indices)]
 
 
 def mapped_shm(pids: list[int]) -> set[str]:

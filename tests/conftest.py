@@ -43,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model + tokenizer folder, built once per test session."""
     from rlhf.config import TinyModelConfig
-    from rlhf.tiny import save_tiny_model
+    from rlhf.weights.tiny import save_tiny_model
     return save_tiny_model(TinyModelConfig(), str(tmp_path_factory.mktemp("tiny") / "model"))
 
 

@@ -64,7 +64,7 @@ def train_elsewhere(model_dir: str, steps: int, batch: int = 32, lr: float = 1e-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlhf.config import DataConfig
-    from rlhf.tasks import make_rows
+    from rlhf.stages.tasks import make_rows
 
     torch.manual_seed(seed)
     tok = AutoTokenizer.from_pretrained(model_dir)

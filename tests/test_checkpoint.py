@@ -5,7 +5,7 @@ metrics are cut back to the checkpoint's step (including a line torn by a kill).
 import json
 import os
 
-from rlhf import checkpoint
+from rlhf.outputs import checkpoint
 
 
 def test_commit_latest_and_pruning(tmp_path):
@@ -41,7 +41,7 @@ def _cfg(out, *overrides):
 
 
 def test_a_crash_cut_checkpoint_is_named_and_the_one_before_resumed(tmp_path, capsys):
-    from rlhf.loop import resume_point
+    from rlhf.stages.loop import resume_point
     out = str(tmp_path)
     _commit(out, 1)
     cut = _commit(out, 2)
@@ -57,8 +57,8 @@ def test_a_crash_cut_checkpoint_is_named_and_the_one_before_resumed(tmp_path, ca
 def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path):
     import pytest
     from common.errors import UserError
-    from rlhf.loop import resume_point
-    from rlhf.run_identity import identity
+    from rlhf.stages.loop import resume_point
+    from rlhf.outputs.run_identity import identity
     out = str(tmp_path)
     _commit(out, 5, identity(_cfg(out, "trainer.lr=0.001")))
     assert resume_point(_cfg(out, "trainer.lr=0.001", "trainer.max_steps=50", "eval.every=3"))[1]["step"] == 5
@@ -70,7 +70,7 @@ def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path)
 
 
 def test_resume_false_moves_the_earlier_run_aside_and_pruning_stays_within_a_run(tmp_path):
-    from rlhf.loop import resume_point
+    from rlhf.stages.loop import resume_point
     out = str(tmp_path)
     for step in (90, 100):
         _commit(out, step)
@@ -86,7 +86,7 @@ def test_resume_false_moves_the_earlier_run_aside_and_pruning_stays_within_a_run
 def test_a_second_run_into_a_held_folder_is_refused_naming_the_holder(tmp_path):
     import pytest
     from common.errors import UserError
-    from rlhf.run_identity import run_lock
+    from rlhf.outputs.run_identity import run_lock
     with run_lock(str(tmp_path)):
         with pytest.raises(UserError, match=f"in use by another run \\(pid {os.getpid()} on"):
             with run_lock(str(tmp_path)):

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from common.errors import UserError
-from rlhf.config import RunConfig, load_config, validate
+from rlhf.config import RunConfig, load_config, read_config, validate
 from tests.conftest import run_cli
 
 
@@ -16,7 +16,7 @@ def write(tmp_path, text: str, name: str = "c.yaml") -> str:
 
 def test_defaults_file_and_overrides_merge_in_order(tmp_path):
     path = write(tmp_path, "trainer:\n  lr: 0.5\n  batch_size: 16\n")
-    cfg = load_config(path, ["trainer.lr=0.25", "data.task=add"])
+    cfg = read_config(path, ["trainer.lr=0.25", "data.task=add"])
     assert cfg.trainer.lr == 0.25 and cfg.trainer.batch_size == 16 and cfg.data.task == "add"
     assert cfg.trainer.micro_batch_size == RunConfig().trainer.micro_batch_size
     assert cfg.rollout == RunConfig().rollout  # sections neither the file nor the overrides name keep the defaults
@@ -89,7 +89,7 @@ def test_impossible_values_raise_with_count(tmp_path):
 
 
 def test_model_path_must_be_a_model_folder(tmp_path):
-    from rlhf.tiny import ensure_model
+    from rlhf.weights.tiny import ensure_model
     cfg = load_config(None, [f"model.path={tmp_path}"])  # may not exist yet when validated: an earlier stage writes it
     with pytest.raises(UserError, match="model.path = .*no config.json"):
         ensure_model(cfg.model.path, cfg.model.tiny, str(tmp_path), 0)
@@ -127,7 +127,8 @@ def test_cli_print_config_resolves_overrides():
 
 
 def test_logprob_diff_warning_follows_the_dtype_unless_set():
-    from rlhf.config import logprob_diff_warn
+    def logprob_diff_warn(cfg):
+        return cfg.rollout.logprob_diff_warn
     assert logprob_diff_warn(load_config(None, ["stage=rl"])) == 1e-3
     assert logprob_diff_warn(load_config(None, ["stage=rl", "model.dtype=bfloat16"])) == 5e-2
     assert logprob_diff_warn(load_config(None, ["stage=rl", "model.dtype=bfloat16",
@@ -135,7 +136,7 @@ def test_logprob_diff_warning_follows_the_dtype_unless_set():
 
 
 def test_multiprocess_engine_core_by_default_on_gpus_only():
-    from rlhf.placement import multiprocess_engine
+    from rlhf.config.resolve import multiprocess_engine
     assert multiprocess_engine(None, 0) is False and multiprocess_engine(None, 8) is True
     assert multiprocess_engine(True, 0) is True and multiprocess_engine(False, 8) is False
 
@@ -168,12 +169,12 @@ def test_settings_that_would_be_silently_ignored_or_zero_are_rejected(args, need
 
 
 def test_every_key_is_documented_and_the_reference_page_is_current():
-    from rlhf.config_doc import entries, markdown
+    from rlhf.config.doc import entries, markdown
     keys = entries()
     assert len(keys) > 100 and not [e.key for e in keys if not e.help]
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config-reference.md")
     with open(path, encoding="utf-8") as f:
-        assert f.read() == markdown(), "docs/config-reference.md is stale: run python -m rlhf.config_doc"
+        assert f.read() == markdown(), "docs/config-reference.md is stale: run python -m rlhf.config.doc"
 
 
 def test_help_config_prints_a_section_with_types_defaults_and_choices(capsys):
@@ -187,7 +188,7 @@ def test_help_config_prints_a_section_with_types_defaults_and_choices(capsys):
 
 
 def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch):
-    from rlhf.config_resolve import resolved
+    from rlhf.config.resolve import resolved
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     keys = ("algorithm.loss_norm_len", "rollout.logprob_diff_warn", "rollout.seed_per_prompt", "rollout.multiprocess",
             "placement.reference_ranks", "placement.cpu_threads", "trainer.precision")
@@ -195,8 +196,10 @@ def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch)
     def value(cfg, key):
         section, name = key.split(".")
         return getattr(getattr(cfg, section), name)
-    cpu = load_config(None, ["stage=rl", "rollout.max_new_tokens=24", "model.dtype=bfloat16"])
+    cpu = read_config(None, ["stage=rl", "rollout.max_new_tokens=24", "model.dtype=bfloat16"])
     assert all(value(cpu, k) is None for k in keys)
+    assert resolved(cpu) == load_config(None, ["stage=rl", "rollout.max_new_tokens=24", "model.dtype=bfloat16"])
+    assert resolved(resolved(cpu)) == resolved(cpu)  # what is set stays set
     got = {k: value(resolved(cpu), k) for k in keys}
     assert got == {"algorithm.loss_norm_len": 24, "rollout.logprob_diff_warn": 5e-2, "rollout.seed_per_prompt": True,
                    "rollout.multiprocess": False, "placement.reference_ranks": 1, "placement.cpu_threads": 3,
@@ -207,3 +210,22 @@ def test_the_run_records_what_its_machine_dependent_defaults_became(monkeypatch)
     kept = resolved(load_config(None, ["stage=rl", "rollout.seed_per_prompt=false", "algorithm.loss_norm_len=7"]))
     assert kept.rollout.seed_per_prompt is False and kept.algorithm.loss_norm_len == 7  # set values stay
     assert kept.trainer.precision == "fp32"  # model.dtype float32
+
+
+def test_names_the_config_declares_are_the_ones_the_code_has():
+    from rlhf.config import REWARD_NAMES, TASK_NAMES
+    from rlhf.stages.tasks import TASKS
+    from rollout.rewards import BUILTIN
+    assert tuple(TASKS) == TASK_NAMES and tuple(BUILTIN) == REWARD_NAMES
+
+
+def test_every_fixed_set_is_checked_from_its_one_declaration():
+    """`one_of` declares a key's allowed values once; the check, CHOICES and --help-config all read it."""
+    from rlhf.config import CHOICES
+    assert {"stage", "model.dtype", "data.task", "trainer.precision", "trainer.zero_stage", "algorithm.name",
+            "algorithm.policy_loss", "algorithm.dpo_loss", "rollout.engine", "rollout.inflight_kv",
+            "placement.mode", "env.observation_role"} <= set(CHOICES)
+    for key, allowed in CHOICES.items():
+        wrong = 7 if isinstance(allowed[0], int) else "nope"
+        with pytest.raises(UserError, match=f"{key} = {wrong!r}: must be one of {allowed[0]}"):
+            read_config(None, [f"{key}={wrong}"])

@@ -1,7 +1,7 @@
 """The console a person watches: a short line per logged step, warnings that name what to do, plain off a terminal."""
 import io
 
-from rlhf.console import Console, duration, step_line, warnings_for
+from rlhf.outputs.console import Console, duration, step_line, warnings_for
 
 ROW = {"rollout/reward_mean": 0.421875, "policy/entropy": 0.31, "rollout/response_len": 38.25,
        "rollout/truncated_frac": 0.03125, "rollout/signal_frac": 0.5, "time/step": 40.93,

@@ -5,8 +5,8 @@ import pytest
 
 from common.errors import UserError
 from rlhf.config import DataConfig
-from rlhf.data import BatchIterator, load_records, preference_rows, prompt_rows
-from rlhf.tasks import make_preference_rows, make_rows
+from rlhf.stages.data import BatchIterator, load_records, preference_rows, prompt_rows
+from rlhf.stages.tasks import make_preference_rows, make_rows
 from rollout.rewards import add_reward, load_reward_fn, resolve_reward_fn, score, sort_reward
 
 

@@ -30,7 +30,7 @@ def test_gsm8k_gpu_recipe_reads_both_gsm8k_shapes(tmp_path):
     """The GPU GSM8K recipe on parquet files in verl's shape and in the original one (question, "... #### 72")."""
     import datasets
 
-    from rlhf.data import prompt_rows
+    from rlhf.stages.data import prompt_rows
     from rollout.rewards import resolve_reward_fn, score_rows
 
     q = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell altogether?"
@@ -78,7 +78,7 @@ def test_word_math_data_is_what_its_script_writes(tmp_path):
 
 def test_the_real_model_recipe_names_the_cache_and_says_how_to_fill_it(tmp_path, monkeypatch):
     from common.errors import UserError
-    from rlhf.tiny import ensure_model
+    from rlhf.weights.tiny import ensure_model
 
     monkeypatch.setenv("RLHF_CACHE_DIR", str(tmp_path))
     cfg = load_config(os.path.join(ROOT, "examples", "smollm2_math_grpo.yaml"))

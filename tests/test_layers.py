@@ -37,3 +37,61 @@ def test_nothing_in_the_project_turns_rays_token_authentication_off():
     files = [p for ext in ("*.py", "*.sh", "*.yaml", "Makefile") for d in (*LAYERS, "benchmarks", "examples", ".ci")
              for p in (ROOT / d).rglob(ext)] + [ROOT / "Makefile"]
     assert [str(p.relative_to(ROOT)) for p in files if p.is_file() and pattern.search(p.read_text())] == []
+
+
+def module_graph() -> dict[str, set[str]]:
+    """{module: the project modules it imports}, imports inside functions and TYPE_CHECKING blocks included;
+    `from pkg import name` counts as importing pkg.name when that is a module."""
+    files = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
+    graph = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                edges |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        graph[mod] = {e for e in edges if e in files and e != mod}
+    return graph
+
+
+def test_the_module_import_graph_has_no_circle():
+    graph, state, path = module_graph(), {}, []
+
+    def visit(mod):  # depth first; a module met again while on the path closes a circle
+        state[mod] = "open"
+        path.append(mod)
+        for nxt in sorted(graph[mod]):
+            if state.get(nxt) == "open":
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[mod] = "done"
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod)
+
+
+def test_the_config_is_plain_data():
+    """rlhf/config reads and checks a recipe without the engines, the trainers, Ray or the user's code: the checks
+    that need those run when an RL run starts (rlhf.rl.preflight)."""
+    banned = {"ray", "vllm", "deepspeed", "transformers", "peft", "actors", "rollout"}
+    found = {}
+    for path in (ROOT / "rlhf" / "config").rglob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        bad = sorted(n for n in names if n.split(".")[0] in banned or (n.startswith("rlhf.")
+                                                                        and not n.startswith("rlhf.config")))
+        if bad:
+            found[str(path.relative_to(ROOT))] = bad
+    assert found == {}

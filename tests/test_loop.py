@@ -1,12 +1,12 @@
-"""The shared training loop (rlhf.loop.drive) with a stage that only counts: when it evaluates (eval.every) and what
-it reports when it never does."""
+"""The shared training loop (rlhf.stages.loop.drive) with a stage that only counts: when it evaluates (eval.every)
+and what it reports when it never does."""
 import os
 
 import pytest
 
 from rlhf.config import LoggingConfig, load_config
-from rlhf.loop import drive
-from rlhf.metrics import MetricsLogger, read_metrics
+from rlhf.stages.loop import drive
+from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from tests.conftest import ROOT
 
 

@@ -3,7 +3,8 @@ not); an unsatisfiable request is a clear error, not a hang."""
 import pytest
 
 from common.errors import UserError
-from rlhf.placement import Placement, plan_placement, reference_ranks, seed_per_prompt
+from rlhf.config.resolve import reference_ranks, seed_per_prompt
+from rlhf.rl.placement import Placement, plan_placement
 from rollout.sync import sync_channel
 
 
@@ -22,7 +23,7 @@ def test_plan_split_gives_each_role_its_own_bundles():
 def test_hybrid_engines_have_no_role_of_their_own():
     """The engines live in the policy ranks: the plan is colocate's without a rollout role, every rank on its GPU."""
     from rlhf.config import RunConfig
-    from rlhf.startup import role_ranks
+    from rlhf.config.resolve import role_ranks
     cfg = RunConfig()
     cfg.placement.mode, cfg.trainer.world_size, cfg.rollout.num_engines = "hybrid", 2, 2
     assert role_ranks(cfg, needs_critic=True) == {"policy": 2, "critic": 2}
@@ -114,8 +115,7 @@ def test_per_prompt_seeds_by_default_on_cpu_only():
 
 def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch):
     from rlhf.config import RunConfig
-    from rlhf.placement import cpu_threads
-    from rlhf.startup import busy_at_once
+    from rlhf.config.resolve import busy_at_once, cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cfg = RunConfig()

@@ -3,7 +3,8 @@ import torch
 
 from algorithms.advantages import informative_groups
 from common.batch import RolloutBatch
-from rlhf.rounds import EngineMemory, Round, select_groups
+from rlhf.rl.rounds import Round, select_groups
+from rollout.sleep import EngineMemory
 from rollout.engine import Sample
 
 

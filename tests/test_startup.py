@@ -4,7 +4,8 @@ at once."""
 import pytest
 
 from rlhf.config import load_config
-from rlhf.startup import role_ranks, start_workers
+from rlhf.config.resolve import role_ranks
+from rlhf.rl.startup import start_workers
 
 
 def test_roles_follow_the_config():
@@ -19,7 +20,7 @@ def test_opd_hosts_a_teacher_whose_tokenizer_is_the_students(tmp_path, tiny_mode
     import shutil
 
     from common.errors import UserError
-    from rlhf.startup import teacher_model
+    from rlhf.rl.startup import teacher_model
 
     def teacher(name: str, vocab_rows: int = 0, swap: bool = False) -> str:
         """A copy of the tiny model with `vocab_rows` more embedding rows, or two of its tokens' ids swapped."""

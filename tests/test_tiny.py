@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rlhf.config import DataConfig, TinyModelConfig
-from rlhf.tasks import make_preference_rows, make_rows
-from rlhf.tiny import build_model, train_tokenizer
+from rlhf.stages.tasks import make_preference_rows, make_rows
+from rlhf.weights.tiny import build_model, train_tokenizer
 
 
 def test_save_load_gives_identical_logits(tiny_model_dir):

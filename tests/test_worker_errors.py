@@ -3,7 +3,7 @@ advised only for a worker that died or timed out, since one that raised would ra
 import pytest
 
 from common.remote import WorkerDied, make_actor, ray_get
-from rlhf.loop import worker_died
+from rlhf.stages.loop import worker_died
 
 
 class Engine:

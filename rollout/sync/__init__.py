@@ -11,6 +11,7 @@ placement: each trainer rank hands its tensors to the engine in its own process,
 from __future__ import annotations
 
 from common.errors import UserError
+from common.options import cuda_ipc_reaches
 from common.remote import WorkerDied, ray_get
 from rollout.sync.buckets import TensorSpec, plan_to_plain
 from rollout.sync.check import verify_sync
@@ -30,11 +31,6 @@ def sync_channel(requested: str, mode: str, num_gpus: int, num_engines: int, wor
     if requested != "auto":
         return requested
     return "ipc" if num_gpus == 0 or cuda_ipc_reaches(mode, num_engines, world_size) else "broadcast"
-
-
-def cuda_ipc_reaches(mode: str, num_engines: int, world_size: int) -> bool:
-    """Engine i shares its GPU with trainer rank i, which feeds it (rollout.sync.ipc.feeding_rank)."""
-    return mode == "colocate" and num_engines <= world_size
 
 
 # ---- the driver's side ----

@@ -11,7 +11,7 @@ import torch
 from actors.policy import PolicyTrainer
 from common.errors import TrainingStopped
 from rlhf.config import AlgorithmConfig, TrainerConfig
-from rlhf.loop import BadStepGuard
+from rlhf.stages.loop import BadStepGuard
 from tests.actors.test_trainer_group import sft_batches
 
 

@@ -42,7 +42,7 @@ def test_reference_reward_model_and_critic_keep_to_a_token_budget(tiny_model_dir
 
 
 def test_the_run_hands_the_trainers_sizes_to_its_scorers(monkeypatch, tiny_model_dir):
-    from rlhf import startup
+    from rlhf.rl import startup
     made = {}
 
     class Record:

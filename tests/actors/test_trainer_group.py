@@ -7,8 +7,8 @@ from algorithms.sft import sft_loss
 from common.packing import deal_by_length
 from common.remote import WorkerDied
 from rlhf.config import DataConfig, TrainerConfig
-from rlhf.sft import tokenize_sft
-from rlhf.tasks import make_rows
+from rlhf.stages.sft import tokenize_sft
+from rlhf.stages.tasks import make_rows
 from rollout.render import PromptRenderer
 
 LR = 1e-3  # AdamW amplifies reduction-order rounding on near-zero grads: ~1.5e-6 here, ~1.5e-5 at 1e-2

@@ -18,7 +18,7 @@ def teach_tool_call(folder: str, steps: int = 120) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlhf.config import TinyModelConfig
-    from rlhf.tiny import save_tiny_model
+    from rlhf.weights.tiny import save_tiny_model
     from rollout.agent_render import chat_ids, render
 
     torch.manual_seed(0)

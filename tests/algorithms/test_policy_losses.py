@@ -89,7 +89,7 @@ def test_cispo_gradient_on_unclipped_tokens_is_ppos():
 
 
 def test_surrogate_names_agree_with_the_config_and_unknown_ones_are_refused():
-    from rlhf.config_algorithm import POLICY_LOSSES as accepted
+    from rlhf.config import POLICY_LOSSES as accepted
     assert tuple(POLICY_LOSSES) == accepted
     one = torch.zeros(1, 1)
     with pytest.raises(ValueError, match="unknown policy loss 'ppo2'"):

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 
 @pytest.mark.slow
 def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_path):
     from rlhf.config import DataConfig
-    from rlhf.tasks import make_rows
+    from rlhf.stages.tasks import make_rows
 
     rows = make_rows(DataConfig(task="sort", num_train=128, max_items=4, max_value=49), "train", 0)
     data = tmp_path / "rows.jsonl"

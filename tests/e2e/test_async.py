@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import ROOT, child_commands, run_cli
 
 PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
@@ -109,7 +109,7 @@ def test_kill_9_during_generation_training_and_sync_trains_each_prompt_once(sft_
 @pytest.mark.slow
 def test_multi_turn_trajectories_generated_ahead_resume_after_kill_9_with_each_prompt_once(sft_model, tmp_path):
     from rlhf.config import DataConfig
-    from rlhf.tasks import make_rows
+    from rlhf.stages.tasks import make_rows
 
     steps = 4
     rows = make_rows(DataConfig(task="sort", num_train=PER_STEP * steps, max_items=4, max_value=49), "train", 0)

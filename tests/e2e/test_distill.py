@@ -3,7 +3,7 @@ hosted as the teacher (a ReferenceModel actor on teacher.path) scores the studen
 advantage is the negative reverse-KL estimate: the student's samples move toward the teacher's distribution."""
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 

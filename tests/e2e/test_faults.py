@@ -3,8 +3,8 @@ step, and leaves its last checkpoint intact (the skipped updates never touched t
 import pytest
 from safetensors.torch import load_file
 
-from rlhf import checkpoint
-from rlhf.metrics import read_metrics
+from rlhf.outputs import checkpoint
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import child_commands, run_cli
 
 

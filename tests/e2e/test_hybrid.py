@@ -4,7 +4,7 @@ so every sync is a collective gather streamed into each rank's engine; the learn
 engine left on the old weights would disagree with the trainer by ~1e-2 after the first update."""
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 
 
 # The job test's run is also the check of these options (one run less: each run pays a whole start-up).

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 
@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 def test_grpo_trains_on_an_environment_from_outside_the_package(sft_model, tmp_path):
     """From a file of rows the environment reads (`question`, `answer`: no prompt column, no reward.fn)."""
     from rlhf.config import DataConfig
-    from rlhf.tasks import make_rows
+    from rlhf.stages.tasks import make_rows
 
     rows = make_rows(DataConfig(task="sort", num_train=128, max_items=4, max_value=49), "train", 0)
     data = tmp_path / "rows.jsonl"

@@ -4,7 +4,7 @@ evaluation reward must rise under RL and the engine must agree with the trainer 
 every step."""
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 RL_METRICS = {"rollout/reward_mean", "rollout/logprob_diff", "policy/loss", "policy/clip_frac", "train/grad_norm",

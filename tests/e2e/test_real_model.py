@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 
 from rlhf import smollm2
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import ROOT, run_cli
 
 

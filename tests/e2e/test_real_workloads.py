@@ -8,8 +8,8 @@ import pytest
 
 from tests.foreign import build_foreign_model, train_elsewhere
 from rlhf.config import DataConfig
-from rlhf.metrics import read_metrics
-from rlhf.tasks import make_rows
+from rlhf.outputs.metrics import read_metrics
+from rlhf.stages.tasks import make_rows
 from tests.conftest import run_cli
 
 

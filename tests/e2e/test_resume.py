@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from rlhf import checkpoint
-from rlhf.metrics import read_metrics
+from rlhf.outputs import checkpoint
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import ROOT, run_cli
 
 STEPS = 6

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from rlhf.metrics import read_metrics
+from rlhf.outputs.metrics import read_metrics
 from tests.conftest import run_cli
 
 

@@ -85,11 +85,17 @@ def test_a_taken_port_is_a_clear_error():
 
 
 def test_agent_config_is_checked_before_the_run():
+    """The config's own problems when it is loaded; the agent's code and tool parser before any worker starts."""
     from rlhf.config import load_config
+    from rlhf.rl.preflight import preflight
     with pytest.raises(UserError) as e:
-        load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.tool_parser=nobody",
-                           "agent.max_calls=0", "env.name=tests.envs.toy:Echo"])
-    for said in ("agent.fn", "has no 'nope'", "agent.tool_parser", "hermes", "agent.max_calls", "set one"):
+        load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.max_calls=0",
+                           "env.name=tests.envs.toy:Echo"])
+    for said in ("agent.fn", "agent.max_calls", "set one"):
+        assert said in str(e.value)
+    with pytest.raises(UserError) as e:
+        preflight(load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.tool_parser=nobody"]))
+    for said in ("agent.fn", "has no 'nope'", "agent.tool_parser", "hermes"):
         assert said in str(e.value)
 
 

@@ -1,4 +1,4 @@
-"""Generating ahead (rlhf.async_rollout) with the real vLLM engine in a Ray actor: a sync lands while samples are
+"""Generating ahead (rollout.async_rollout) with the real vLLM engine in a Ray actor: a sync lands while samples are
 kept in the engine mid-generation, and they continue under the new weights (on their KV so far, or recomputed), each
 token keeping the log-prob and version of the weights that sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
 records continues the same generations."""
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf.async_rollout import AsyncRollout, staleness_metrics
-from rlhf.data import BatchIterator
+from rollout.async_rollout import AsyncRollout, staleness_metrics
+from rlhf.stages.data import BatchIterator
 from rollout.engine import SamplingConfig
 from rollout.group import RolloutGroup
 

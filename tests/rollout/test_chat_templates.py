@@ -47,7 +47,7 @@ def test_an_sft_run_saves_its_template_with_the_model_for_the_next_stage(tmp_pat
     """SFT on a base checkpoint (no chat template) with data.chat_template as a file: the final folder's tokenizer
     holds the template, so GRPO from it renders exactly what SFT trained on."""
     from rlhf.config import load_config
-    from rlhf.sft import run_sft
+    from rlhf.stages.sft import run_sft
 
     base = build_foreign_model(str(tmp_path / "base"))
     (tmp_path / "t.jinja").write_text(CHAT_TEMPLATE)

@@ -5,8 +5,8 @@ import pytest
 from tests.foreign import build_foreign_model
 from common.batch import pack_pairs
 from common.errors import UserError
-from rlhf.preference import tokenize_pairs
-from rlhf.sft import tokenize_sft
+from rlhf.stages.preference import tokenize_pairs
+from rlhf.stages.sft import tokenize_sft
 from rollout.render import PromptRenderer
 
 USER = [{"role": "user", "content": "sort 3 1 ="}]

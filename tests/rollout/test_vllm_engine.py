@@ -9,8 +9,8 @@ from actors.hybrid import HybridWorker
 from common.batch import samples_to_batch
 from common.remote import make_actor, ray_get
 from rlhf.config import DataConfig, TrainerConfig
-from rlhf.sft import tokenize_sft
-from rlhf.tasks import make_rows
+from rlhf.stages.sft import tokenize_sft
+from rlhf.stages.tasks import make_rows
 from rollout.engine import SamplingConfig
 from rollout.group import RolloutGroup
 from rollout.sync import setup_sync, sync_weights
@@ -90,7 +90,7 @@ def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
 
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
-    from rlhf.placement import Placement
+    from rlhf.rl.placement import Placement
 
     shm_before = set(os.listdir("/dev/shm"))
     tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=4)

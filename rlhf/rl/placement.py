@@ -5,9 +5,6 @@
 GPUs, so the same logic runs (and is tested) without CUDA."""
 from __future__ import annotations
 
-import os
-from typing import Optional
-
 from common.errors import UserError
 
 
@@ -35,20 +32,6 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[lis
             next_bundle += n
         return [{"GPU": 1, "CPU": 0.5} for _ in range(next_bundle)], out
     raise UserError(f"placement.mode = {mode!r}: must be colocate, hybrid or split")
-
-
-def cpu_threads(requested: Optional[int], busy_at_once: int, cores: Optional[int] = None) -> int:
-    """Torch threads per worker process: `placement.cpu_threads`, else $OMP_NUM_THREADS when the user set it, else
-    the host's cores over the workers that compute at once. The phases take turns (every trainer rank trains, then
-    every engine generates), so one rank and one engine each get all the cores while the other waits; threads beyond
-    the cores only contend."""
-    if requested is not None:
-        return requested
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    if cores is None:  # the cores this process may use (a cpuset), not the host's
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // max(1, busy_at_once))
 
 
 def check_cpu_capacity(ranks: dict[str, int]) -> None:
@@ -100,26 +83,3 @@ class Placement:
             import ray
             ray.util.remove_placement_group(self.pg)
             self.pg = None
-
-
-def multiprocess_engine(requested, num_gpus: int) -> bool:
-    """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
-    model, not in its way) and the in-process one on CPU (a second process costs far more start-up than it gains
-    there)."""
-    return requested if requested is not None else num_gpus > 0
-
-
-def reference_ranks(requested: Optional[int], mode: str, num_gpus: int, world_size: int) -> int:
-    """`placement.reference_ranks`, or by default one reference copy per trainer rank when colocated on GPUs (each
-    bundle already holds a trainer rank; scoring is split across them instead of queueing on GPU 0; hybrid too),
-    else one."""
-    if requested is not None:
-        return requested
-    return world_size if num_gpus > 0 and mode in ("colocate", "hybrid") else 1
-
-
-def seed_per_prompt(requested: Optional[bool], num_gpus: int) -> bool:
-    """`rollout.seed_per_prompt`, or by default on CPU only. vLLM samples seeded requests row by row in Python
-    (its GPU top-k/top-p kernels and FlashInfer skip them), so on GPUs the default trades bit-reproducible
-    rollouts for sampling speed; set it true to get both runs' rollouts equal."""
-    return requested if requested is not None else num_gpus == 0

@@ -1,5 +1,5 @@
 """Starting an RL run's workers: which roles it needs and how many ranks each (`role_ranks`), where they go
-(`rlhf.placement`), and the Ray actors themselves (`start_workers`), in the order a shared GPU needs."""
+(`rlhf.rl.placement`), and the Ray actors themselves (`start_workers`), in the order a shared GPU needs."""
 from __future__ import annotations
 
 import time
@@ -7,8 +7,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from rlhf.config import RunConfig
-from rlhf.placement import Placement, cpu_threads, multiprocess_engine, reference_ranks
-from rlhf.tiny import ensure_model
+from rlhf.config.resolve import role_ranks
+from rlhf.rl.placement import Placement
+from rlhf.weights.tiny import ensure_model
 
 
 @dataclass
@@ -25,34 +26,6 @@ class Workers:
     startup: dict[str, float]
 
 
-def role_ranks(cfg: RunConfig, needs_critic: bool) -> dict[str, int]:
-    """Actors per role. Under `placement.mode: hybrid` the engines live inside the policy ranks: no rollout role."""
-    ranks = {"policy": cfg.trainer.world_size}
-    if cfg.placement.mode != "hybrid":
-        ranks["rollout"] = cfg.rollout.num_engines
-    if cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank == 0:
-        ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
-                                             cfg.placement.num_gpus, cfg.trainer.world_size)
-    if needs_critic:
-        ranks["critic"] = cfg.trainer.world_size
-    if cfg.reward.model_path is not None:
-        ranks["reward"] = 1
-    if cfg.teacher.path is not None:  # hosted like the reference: a copy beside each trainer rank on GPUs
-        ranks["teacher"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
-                                           cfg.placement.num_gpus, cfg.trainer.world_size)
-    return ranks
-
-
-def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
-    """The most worker processes that compute at the same time: the trainers (policy and critic ranks) in the
-    update, the engines in the rollout, the scorers in between; trainers and engines together under
-    rollout.max_staleness > 0."""
-    train, engines = ranks["policy"] + ranks.get("critic", 0), ranks.get("rollout", 0)
-    if cfg.rollout.max_staleness > 0:
-        return train + engines
-    return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0), ranks.get("teacher", 0))
-
-
 def logprob_temperature(cfg: RunConfig) -> float:
     """The temperature the trainer and reference divide logits by: the sampling one under rollout.tempered_logprobs
     (1 for greedy rollouts, whose log-probs vLLM reports raw)."""
@@ -67,10 +40,9 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
         from rollout.hf_engine import HFEngine
         return HFEngine, dict(tempered_logprobs=r.tempered_logprobs, max_model_len=r.max_model_len)
     from rollout.vllm_engine import VLLMEngine
-    hybrid = cfg.placement.mode == "hybrid"  # the engine core stays in the trainer's process: tensors by reference
+    # (hybrid: rollout.multiprocess is resolved false, the engine core in the trainer's process: tensors by reference)
     return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
-                            multiprocess=not hybrid and multiprocess_engine(r.multiprocess, cfg.placement.num_gpus),
-                            gpu_memory_utilization=r.gpu_memory_utilization,
+                            multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
                             enable_sleep=placement.pg is not None and cfg.placement.mode in ("colocate", "hybrid"),
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
@@ -90,8 +62,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     from rollout.group import RolloutGroup
 
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
-    threads = cpu_threads(cfg.placement.cpu_threads, busy_at_once(cfg, ranks))
-    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=threads)
+    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=cfg.placement.cpu_threads)
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from common.batch import Batch, pack_masked
 from rlhf.config import RunConfig
-from rlhf.data import BatchIterator, make_renderer, prompt_rows
-from rlhf.evaluate import evaluate
-from rlhf.loop import answer_metric, run_loop
-from rlhf.tiny import ensure_model
+from rlhf.stages.data import BatchIterator, prompt_rows
+from rlhf.stages.evaluate import evaluate
+from rlhf.stages.loop import answer_metric, run_loop
+from rlhf.stages.setup import model_and_renderer, policy_and_engine
 from rollout.render import PromptRenderer
 from rollout.rewards import reward_fn_for
 
@@ -29,19 +29,13 @@ def tokenize_sft(renderer: PromptRenderer, rows: list[dict]) -> Batch:
 
 
 def run_sft(cfg: RunConfig) -> dict[str, float]:
-    from actors.policy import PolicyTrainer
-    from rollout.hf_engine import HFEngine
-
     # Inputs first: a bad data file or reward function fails in seconds, before any model is built or loaded.
     reward_fn = reward_fn_for(cfg.reward, cfg.data.task)
     batches = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_answer=True), cfg.trainer.batch_size,
                             cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    renderer = make_renderer(cfg, model_path)
-    trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
-                            trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
-    engine = HFEngine.from_model(trainer.model, renderer.eos_id, renderer.pad_id)
+    model_path, renderer = model_and_renderer(cfg)
+    trainer, engine = policy_and_engine(cfg, model_path, renderer)
 
     def step(_: int) -> dict:
         return trainer.sft_step(tokenize_sft(renderer, batches.next()))

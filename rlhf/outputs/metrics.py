@@ -1,5 +1,5 @@
 """Run logging: `<run_dir>/metrics.jsonl` (one object per step), TensorBoard, W&B when configured, and the console
-(rlhf.console): a short line every `logging.console_every` steps and at every evaluation, with warnings. And the
+(rlhf.outputs.console): a short line every `logging.console_every` steps and at every evaluation, with warnings. And the
 phase timer whose `time/...` metrics those rows carry."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from rlhf.config import LoggingConfig
-from rlhf.console import Console, quiet_transformers, step_line, warnings_for
+from rlhf.outputs.console import Console, quiet_transformers, step_line, warnings_for
 
 
 class PhaseTimer:
@@ -105,7 +105,7 @@ class RolloutDumps:
 
     def __init__(self, run_dir: str, cfg: LoggingConfig, resumed_step: int):
         """`resumed_step`: the step of the checkpoint the run resumes from, -1 for a run from scratch."""
-        from rlhf import checkpoint
+        from rlhf.outputs import checkpoint
 
         self.path, self.every, self.per_step = os.path.join(run_dir, self.NAME), cfg.rollouts_every, \
             cfg.rollouts_per_step

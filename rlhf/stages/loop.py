@@ -11,11 +11,11 @@ from typing import Callable, Iterator, Optional, Protocol
 
 from common.errors import TrainingStopped, UserError
 from common.remote import WorkerDied
-from rlhf import checkpoint
+from rlhf.outputs import checkpoint
 from rlhf.config import RunConfig, to_yaml
-from rlhf.data import BatchIterator, tokenizer_source
-from rlhf.metrics import MetricsLogger, read_metrics
-from rlhf.run_identity import check_same_run, identity
+from rlhf.stages.data import BatchIterator, tokenizer_source
+from rlhf.outputs.metrics import MetricsLogger, read_metrics
+from rlhf.outputs.run_identity import check_same_run, identity
 
 
 class Checkpointable(Protocol):
@@ -100,9 +100,9 @@ class Stage(Protocol):
 
 
 def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
-    """The newest complete checkpoint that reads back whole, and its driver state, or (None, None); one that does
-    not (a crash cut its files) is named and the one before it taken. A checkpoint of another run (its recorded
-    identity differs: rlhf.run_identity) stops the run with exit 2. With checkpoint.resume=false an earlier run's
+    """The newest complete checkpoint that reads back whole, and its driver state, or (None, None); one that does not
+    (a crash cut its files) is named and the one before it taken. A checkpoint of another run (its recorded identity
+    differs: rlhf.outputs.run_identity) stops the run with exit 2. With checkpoint.resume=false an earlier run's
     files are moved aside (checkpoint.set_aside). metrics.jsonl and trained_rows.jsonl are cut to match: the steps
     after the checkpoint are redone and logged once, and a run killed before its first checkpoint starts over with
     new files. Call it before anything appends to the run folder."""

@@ -7,10 +7,10 @@ import torch
 
 from common.batch import Batch, chunks, pack_pairs, sequence_logprobs
 from rlhf.config import RunConfig
-from rlhf.data import BatchIterator, make_renderer, preference_rows, prompt_rows
-from rlhf.evaluate import evaluate
-from rlhf.loop import answer_metric, run_loop
-from rlhf.tiny import ensure_model
+from rlhf.stages.data import BatchIterator, preference_rows, prompt_rows
+from rlhf.stages.evaluate import evaluate
+from rlhf.stages.loop import answer_metric, run_loop
+from rlhf.stages.setup import model_and_renderer, policy_and_engine
 from rollout.render import PromptRenderer
 from rollout.rewards import reward_fn_for
 
@@ -38,22 +38,16 @@ def _pair_accuracy(chosen_minus_rejected: torch.Tensor) -> dict[str, float]:
 
 
 def run_dpo(cfg: RunConfig) -> dict[str, float]:
-    from actors.policy import PolicyTrainer
-    from rollout.hf_engine import HFEngine
-
     train, held_out = preference_rows(cfg.data, "train", cfg.seed), preference_rows(cfg.data, "eval", cfg.seed)
     eval_rows = prompt_rows(cfg.data, "eval", cfg.seed)
     reward_fn = reward_fn_for(cfg.reward, cfg.data.task)
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    renderer = make_renderer(cfg, model_path)
-    trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
-                            trust_remote_code=cfg.model.trust_remote_code)
+    model_path, renderer = model_and_renderer(cfg)
+    trainer, engine = policy_and_engine(cfg, model_path, renderer)
     # The trainer before its first update *is* the reference: score every pair once, keep no second model.
     for rows in (train, held_out):
         for row, pair in zip(rows, _pair_logps(trainer, renderer, rows).view(-1, 2).tolist()):
             row["ref_logps"] = pair
     batches = BatchIterator(train, cfg.trainer.batch_size // 2, cfg.seed)
-    engine = HFEngine.from_model(trainer.model, renderer.eos_id, renderer.pad_id)
 
     def step(_: int) -> dict:
         rows = batches.next()
@@ -75,8 +69,7 @@ def run_rm(cfg: RunConfig) -> dict[str, float]:
 
     batches = BatchIterator(preference_rows(cfg.data, "train", cfg.seed), cfg.trainer.batch_size // 2, cfg.seed)
     held_out = preference_rows(cfg.data, "eval", cfg.seed)
-    model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
-    renderer = make_renderer(cfg, model_path)
+    model_path, renderer = model_and_renderer(cfg)
     rm = RewardModel(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                      trust_remote_code=cfg.model.trust_remote_code)
 

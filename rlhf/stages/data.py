@@ -7,7 +7,7 @@ import os
 from typing import Iterator, Optional
 
 from common.errors import UserError
-from rlhf import tasks
+from rlhf.stages import tasks
 from rlhf.config import DataConfig
 from rollout.render import PromptRenderer, is_messages
 

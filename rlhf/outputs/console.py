@@ -1,5 +1,5 @@
 """What a person watching a run sees. Every logged step's full metrics go to metrics.jsonl, TensorBoard and W&B
-(rlhf.metrics); the console gets one short line a step with what a person watches, warnings that stand out, and,
+(rlhf.outputs.metrics); the console gets one short line a step with what a person watches, warnings that stand out, and,
 on a terminal only, a progress bar for the run and a live timer for its long phases (evaluation, saving). Off a
 terminal (CI, `ray job` logs) everything is plain lines."""
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""The rollout phase's parts that are not the controller's: one round's result (`Round`), the engines' GPU memory
-over a step's rounds (`EngineMemory`), and the choice of groups across rounds (`select_groups`); and what the
-models say about the chosen rollout's tokens before the update (`TokenScores`, and from it `teacher_kl`); and what a
-rollout measures (`rollout_metrics`)."""
+"""The rollout phase's parts that are not the controller's: one round's result (`Round`), the choice of groups
+across rounds (`select_groups`), what the models say about the chosen rollout's tokens before the update
+(`TokenScores`, and from it `teacher_kl`), and what a rollout measures (`rollout_metrics`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -40,30 +39,6 @@ def teacher_kl(rollout: RolloutBatch, scores: TokenScores) -> Optional[torch.Ten
     if scores.teacher_logprobs is None:
         return None
     return (rollout.rollout_logprobs - scores.teacher_logprobs) * rollout.loss_mask
-
-
-class EngineMemory:
-    """GPU colocation: the engines are awake for a step's rollout rounds and asleep again once nothing more will be
-    generated (`release`, or leaving the block), so the reward and reference models and the trainers get the GPU.
-    Generating ahead (rollout.max_staleness) they never sleep: a generation is always in flight."""
-
-    def __init__(self, rollout, asleep_between_steps: bool):
-        self.rollout, self.active, self.awake = rollout, asleep_between_steps, False
-
-    def __enter__(self) -> "EngineMemory":
-        if self.active:
-            self.rollout.wake_up()
-            self.awake = True
-        return self
-
-    def release(self) -> None:
-        if self.awake:
-            self.rollout.sleep()
-            self.awake = False
-
-    def __exit__(self, exc_type, *_) -> None:
-        if exc_type is None:
-            self.release()
 
 
 def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[RolloutBatch, dict, list[int]]:

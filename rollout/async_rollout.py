@@ -29,15 +29,16 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rlhf.ahead import DriverStats, Seq, StepRollout, staleness_metrics
+from rollout.ahead import DriverStats, Seq, StepRollout, staleness_metrics
 from rollout.engine import Request, Sample, SamplingConfig
+from rollout.sleep import EngineMemory
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
 Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
 
 
 class AsyncRollout:
-    """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.data.BatchIterator (this object draws
+    """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.stages.data.BatchIterator (this object draws
     from it); `encode(row_ids)`: their prompt ids and stop ids; `sampling`: n, budget, temperature, top_p and the
     base seed (None: the engines' own RNG); steps up to `last_step` are generated. Multi-turn (env.name):
     `turns(row_ids, engines)` runs the rows' trajectories (rollout.trajectory), one step's at a time, through
@@ -62,7 +63,7 @@ class AsyncRollout:
         self.thread: Optional[threading.Thread] = None
         self.snapshot = self._state()
 
-    # ---- the controller's rollout source (rlhf.rollout_source.RolloutSource) ----
+    # ---- the controller's rollout source (rollout.source.RolloutSource) ----
     def generate(self, step: int, attempt: int) -> tuple[list[int], list[Sample], dict[str, float]]:
         """Step `step`'s samples as they finish (a further round of dynamic sampling: new prompts, started now)."""
         ahead = self.take(step) if attempt == 0 else self.refill(step)
@@ -75,8 +76,7 @@ class AsyncRollout:
         """The staleness of what step `step` trains, over all its rounds."""
         return staleness_metrics(samples, trainer_version=step - 1)
 
-    def engine_memory(self):
-        from rlhf.rounds import EngineMemory
+    def engine_memory(self) -> EngineMemory:
         return EngineMemory(self.engines, asleep_between_steps=False)  # a generation is always in flight
 
     def phase_metrics(self, tokens: float, seconds: float) -> dict[str, float]:

@@ -21,17 +21,17 @@ from algorithms.reward import overlong_penalty
 from common.batch import RolloutBatch, samples_to_batch
 from common.errors import TrainingStopped
 from common.remote import Shipped
-from rlhf import checkpoint
-from rlhf.config import RunConfig, logprob_diff_warn, to_yaml
-from rlhf.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
-from rlhf.evaluate import env_metrics, evaluate, evaluate_env
-from rlhf.loop import answer_metric, drive, resume_point, worker_died
-from rlhf.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
-from rlhf.placement import seed_per_prompt
-from rlhf.rollout_source import rollout_source
-from rlhf.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
-from rlhf.startup import teacher_model
-from rlhf.tiny import ensure_model
+from rlhf.outputs import checkpoint
+from rlhf.config import RunConfig, to_yaml
+from rlhf.config.resolve import require_resolved
+from rlhf.stages.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
+from rlhf.stages.evaluate import env_metrics, evaluate, evaluate_env
+from rlhf.stages.loop import answer_metric, drive, resume_point, worker_died
+from rlhf.outputs.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
+from rollout.source import rollout_source
+from rlhf.rl.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
+from rlhf.rl.startup import teacher_model
+from rlhf.weights.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import reward_fn_for, score_rows
 
@@ -39,6 +39,7 @@ from rollout.rewards import reward_fn_for, score_rows
 class RLController:
     def __init__(self, cfg: RunConfig):
         from common.remote import init_ray
+        require_resolved(cfg)
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
         # env.name / agent.fn: the environment's reset() or the agent writes the first message (rows need no prompt)
@@ -54,7 +55,6 @@ class RLController:
             self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
             if cfg.teacher.path is not None:
                 teacher_model(cfg, self.model_path)
-        self.warn_at = logprob_diff_warn(cfg)
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
         # One update per rollout (one epoch, one mini-batch): the old log-probs are the training forward's own.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
@@ -89,7 +89,7 @@ class RLController:
             self.logger.console(f"agent endpoint: {self.trajectories.endpoint.url('<episode>')}")
 
     def _start_workers(self) -> None:
-        from rlhf.startup import start_workers
+        from rlhf.rl.startup import start_workers
         from rollout.sync import sync_channel
         from rollout.sync.buckets import plan_buckets
 
@@ -246,7 +246,7 @@ class RLController:
 
     def seed_for(self, step: int, attempt: int) -> Optional[int]:
         """Per-prompt sampling seeds (reproducible rollouts; on CPU by default), or None: the engine's own RNG."""
-        if not seed_per_prompt(self.cfg.rollout.seed_per_prompt, self.cfg.placement.num_gpus):
+        if not self.cfg.rollout.seed_per_prompt:
             return None
         return self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101
 
@@ -290,9 +290,9 @@ class RLController:
                          trained: dict[str, float]) -> dict[str, float]:
         """The rollout's metrics; its log-prob drift (and, with KL as a loss term, its KL) came from the update,
         which holds the old log-probs."""
-        diff = trained.get("rollout/logprob_diff", 0.0)
-        if diff > self.warn_at and trained.get("rollout/staleness_max", 0) == 0:  # else it holds updates too
-            self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {self.warn_at:g}: the "
+        diff, warn_at = trained.get("rollout/logprob_diff", 0.0), self.cfg.rollout.logprob_diff_warn
+        if diff > warn_at and trained.get("rollout/staleness_max", 0) == 0:  # else it holds updates too
+            self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
         from_rewards = self.estimator.from_rewards or self.cfg.algorithm.opd_task_coef > 0
@@ -307,11 +307,11 @@ class RLController:
         return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)
 
     def fit(self) -> dict[str, float]:
-        """The shared loop (rlhf.loop.drive) over this controller's steps; returns the last metrics row."""
+        """The shared loop (rlhf.stages.loop.drive) over this controller's steps; returns the last metrics row."""
         return drive(self.cfg, self, self.cfg.algorithm.name, answer_metric(self.cfg), self.logger, self.resume_from,
                      self.resume_state)[1]
 
-    # ---- the loop's hooks (rlhf.loop.Stage) ----
+    # ---- the loop's hooks (rlhf.stages.loop.Stage) ----
     def initial_metrics(self) -> dict[str, float]:
         return self.startup
 

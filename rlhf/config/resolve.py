@@ -1,0 +1,120 @@
+"""The run as it will run: every key whose null default depends on the machine or on other keys, filled in once,
+when the config is loaded (`load_config`), so `--print-config` and the run's saved `config.yaml` show what ran, not
+`null`, and nothing downstream applies a default again. The rules are here with it: which roles a run starts and how
+many ranks each, the threads a worker gets, the engine core's process, the sampling seeds."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Optional
+
+from common.options import precision_of
+from rlhf.config.schema import LOGPROB_DIFF_WARN, RunConfig
+
+ASYNC_TIS_CAP = 2.0  # rollout.max_staleness > 0: algorithm.tis_cap unless set
+ASYNC_TIS_MASK = (0.5, 5.0)  # and tis_mask_low / tis_mask_high (IcePop's bounds)
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """`cfg` with every machine- or key-dependent default filled in; a value the user set is kept (idempotent)."""
+    r, pl, a = cfg.rollout, cfg.placement, cfg.algorithm
+    hybrid = pl.mode == "hybrid"  # the engine core stays in the rank's process
+    warn = r.logprob_diff_warn if r.logprob_diff_warn is not None else LOGPROB_DIFF_WARN[cfg.model.dtype]
+    rollout = replace(r, logprob_diff_warn=warn, seed_per_prompt=seed_per_prompt(r.seed_per_prompt, pl.num_gpus),
+                      multiprocess=False if hybrid else multiprocess_engine(r.multiprocess, pl.num_gpus),
+                      gpu_memory_utilization=r.gpu_memory_utilization or (0.9 if pl.mode == "split" else 0.5))
+    algorithm = replace(a, loss_norm_len=a.loss_norm_len or r.max_new_tokens)
+    if r.max_staleness > 0:  # samples of older weights: the off-policy correction is on unless set
+        algorithm = replace(algorithm, tis_cap=a.tis_cap or ASYNC_TIS_CAP,
+                            tis_mask_low=a.tis_mask_low or ASYNC_TIS_MASK[0],
+                            tis_mask_high=a.tis_mask_high or ASYNC_TIS_MASK[1])
+    placement = replace(pl, reference_ranks=reference_ranks(pl.reference_ranks, pl.mode, pl.num_gpus,
+                                                            cfg.trainer.world_size))
+    trainer = replace(cfg.trainer, precision=precision_of(cfg.trainer.precision, cfg.model.dtype))
+    out = replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement, trainer=trainer)
+    ranks = role_ranks(out) if cfg.stage == "rl" else {"policy": 1}
+    threads = cpu_threads(pl.cpu_threads, busy_at_once(out, ranks))
+    return replace(out, placement=replace(placement, cpu_threads=threads))
+
+
+UNRESOLVED = ("rollout.logprob_diff_warn", "rollout.seed_per_prompt", "rollout.multiprocess",
+              "rollout.gpu_memory_utilization", "algorithm.loss_norm_len", "placement.reference_ranks",
+              "placement.cpu_threads", "trainer.precision")  # null until resolved(), never after
+
+
+def require_resolved(cfg: RunConfig) -> None:
+    """For code that takes a RunConfig from a caller (the RL controller): one that skipped `resolved()` would run
+    on nulls; say so rather than fill them in a second time."""
+    left = [k for k in UNRESOLVED if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) is None]
+    if left:
+        raise ValueError(f"the config is not resolved ({', '.join(left)} null): pass load_config()'s result, or "
+                         "rlhf.config.resolved(cfg)")
+
+
+def role_ranks(cfg: RunConfig, needs_critic: Optional[bool] = None) -> dict[str, int]:
+    """Actors per role. Under `placement.mode: hybrid` the engines live inside the policy ranks: no rollout role.
+    `needs_critic`: whether the estimator trains a critic; None = read it from algorithm.name."""
+    if needs_critic is None:
+        from algorithms.estimators import estimator
+        needs_critic = estimator(cfg.algorithm.name).needs_critic
+    ranks = {"policy": cfg.trainer.world_size}
+    if cfg.placement.mode != "hybrid":
+        ranks["rollout"] = cfg.rollout.num_engines
+    if cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank == 0:
+        ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
+                                             cfg.placement.num_gpus, cfg.trainer.world_size)
+    if needs_critic:
+        ranks["critic"] = cfg.trainer.world_size
+    if cfg.reward.model_path is not None:
+        ranks["reward"] = 1
+    if cfg.teacher.path is not None:  # hosted like the reference: a copy beside each trainer rank on GPUs
+        ranks["teacher"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
+                                           cfg.placement.num_gpus, cfg.trainer.world_size)
+    return ranks
+
+
+def busy_at_once(cfg: RunConfig, ranks: dict[str, int]) -> int:
+    """The most worker processes that compute at the same time: the trainers (policy and critic ranks) in the
+    update, the engines in the rollout, the scorers in between; trainers and engines together under
+    rollout.max_staleness > 0."""
+    train, engines = ranks["policy"] + ranks.get("critic", 0), ranks.get("rollout", 0)
+    if cfg.rollout.max_staleness > 0:
+        return train + engines
+    return max(train, engines, ranks.get("reference", 0), ranks.get("reward", 0), ranks.get("teacher", 0))
+
+
+def cpu_threads(requested: Optional[int], busy_at_once: int, cores: Optional[int] = None) -> int:
+    """Torch threads per worker process: `placement.cpu_threads`, else $OMP_NUM_THREADS when the user set it, else
+    the host's cores over the workers that compute at once. The phases take turns (every trainer rank trains, then
+    every engine generates), so one rank and one engine each get all the cores while the other waits; threads beyond
+    the cores only contend."""
+    if requested is not None:
+        return requested
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    if cores is None:  # the cores this process may use (a cpuset), not the host's
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // max(1, busy_at_once))
+
+
+def multiprocess_engine(requested, num_gpus: int) -> bool:
+    """`rollout.multiprocess`, or by default vLLM's multiprocess engine core on GPUs (the scheduler runs beside the
+    model, not in its way) and the in-process one on CPU (a second process costs far more start-up than it gains
+    there)."""
+    return requested if requested is not None else num_gpus > 0
+
+
+def reference_ranks(requested: Optional[int], mode: str, num_gpus: int, world_size: int) -> int:
+    """`placement.reference_ranks`, or by default one reference copy per trainer rank when colocated on GPUs (each
+    bundle already holds a trainer rank; scoring is split across them instead of queueing on GPU 0; hybrid too),
+    else one."""
+    if requested is not None:
+        return requested
+    return world_size if num_gpus > 0 and mode in ("colocate", "hybrid") else 1
+
+
+def seed_per_prompt(requested: Optional[bool], num_gpus: int) -> bool:
+    """`rollout.seed_per_prompt`, or by default on CPU only. vLLM samples seeded requests row by row in Python
+    (its GPU top-k/top-p kernels and FlashInfer skip them), so on GPUs the default trades bit-reproducible
+    rollouts for sampling speed; set it true to get both runs' rollouts equal."""
+    return requested if requested is not None else num_gpus == 0

@@ -1,0 +1,1 @@
+"""What a run writes into its output folder and reads back: checkpoints, metrics, the console, the run's identity."""
