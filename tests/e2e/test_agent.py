@@ -41,3 +41,31 @@ def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_
     with open(out / "rollouts.jsonl") as f:
         dumped = [json.loads(line) for line in f]
     assert dumped and all(d["turns"] == 2 and "<|im_start|>user\nagain<|im_end|>" in d["completion"] for d in dumped)
+
+
+@pytest.mark.slow
+def test_a_lora_agent_run_resumes_in_its_own_folder(sft_model, tmp_path):
+    """LoRA (only the adapter synced into vLLM) with an agent: the run checkpoints every step; the same command
+    with more steps, into the folder that now holds it, resumes from its checkpoint and logs each step once."""
+    from rlhf.config import DataConfig
+    from rlhf.stages.tasks import make_rows
+
+    rows = make_rows(DataConfig(task="sort", num_train=64, max_items=4, max_value=49), "train", 0)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
+    out = tmp_path / "run"
+    args = ["--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}", "data.task=null",
+            f"data.train_path={data}", f"data.eval_path={data}", "reward.fn=null", "model.lora.rank=8",
+            "trainer.lr=1e-3", "agent.fn=tests.agents.toy:sort_twice", "agent.max_calls=2", "eval.every=-1",
+            "rollout.prompts_per_step=8", "trainer.batch_size=64", "rollout.max_model_len=128",
+            "checkpoint.every=1"]
+    first = run_cli(*args, "trainer.max_steps=2", timeout=900)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (out / "final_adapter").is_dir()
+    second = run_cli(*args, "trainer.max_steps=3", timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "(step 2)" in second.stdout, second.stdout[-2000:]
+    logged = [r for r in read_metrics(str(out)) if r["step"] > 0]
+    assert [r["step"] for r in logged] == [1, 2, 3]
+    assert all(r["rollout/turns"] == 2 and r["rollout/env_errors"] == 0 for r in logged)
+    assert logged[-1]["rollout/logprob_diff"] < 1e-3  # the resumed engines run the checkpoint's adapter
