@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Callable, Optional, Protocol
 
 from rollout.ahead import DriverStats
-from rollout.sleep import EngineMemory
 from rollout.engine import Sample, SamplingConfig
+from rollout.sleep import EngineMemory
 
 Sampling = Callable[[int, int, tuple[int, ...]], SamplingConfig]  # (step, attempt, stop ids) -> the step's sampling
 

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from rlhf.config import LoggingConfig, load_config
-from rlhf.stages.loop import drive
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
+from rlhf.stages.loop import drive
 from tests.conftest import ROOT
 
 

@@ -4,8 +4,8 @@ import torch
 from algorithms.advantages import informative_groups
 from common.batch import RolloutBatch
 from rlhf.rl.rounds import Round, select_groups
-from rollout.sleep import EngineMemory
 from rollout.engine import Sample
+from rollout.sleep import EngineMemory
 
 
 class Engines:

@@ -21,19 +21,19 @@ from algorithms.reward import overlong_penalty
 from common.batch import RolloutBatch, samples_to_batch
 from common.errors import TrainingStopped
 from common.remote import Shipped
-from rlhf.outputs import checkpoint
 from rlhf.config import RunConfig, to_yaml
 from rlhf.config.resolve import require_resolved
+from rlhf.outputs import checkpoint
+from rlhf.outputs.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
+from rlhf.rl.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
+from rlhf.rl.startup import teacher_model
 from rlhf.stages.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
 from rlhf.stages.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.stages.loop import answer_metric, drive, resume_point, worker_died
-from rlhf.outputs.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
-from rollout.source import rollout_source
-from rlhf.rl.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
-from rlhf.rl.startup import teacher_model
 from rlhf.weights.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import reward_fn_for, score_rows
+from rollout.source import rollout_source
 
 
 class RLController:

@@ -7,8 +7,8 @@ import os
 from typing import Iterator, Optional
 
 from common.errors import UserError
-from rlhf.stages import tasks
 from rlhf.config import DataConfig
+from rlhf.stages import tasks
 from rollout.render import PromptRenderer, is_messages
 
 

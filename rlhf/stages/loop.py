@@ -11,11 +11,11 @@ from typing import Callable, Iterator, Optional, Protocol
 
 from common.errors import TrainingStopped, UserError
 from common.remote import WorkerDied
-from rlhf.outputs import checkpoint
 from rlhf.config import RunConfig, to_yaml
-from rlhf.stages.data import BatchIterator, tokenizer_source
+from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.outputs.run_identity import check_same_run, identity
+from rlhf.stages.data import BatchIterator, tokenizer_source
 
 
 class Checkpointable(Protocol):

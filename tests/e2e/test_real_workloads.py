@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from tests.foreign import build_foreign_model, train_elsewhere
 from rlhf.config import DataConfig
 from rlhf.outputs.metrics import read_metrics
 from rlhf.stages.tasks import make_rows
 from tests.conftest import run_cli
+from tests.foreign import build_foreign_model, train_elsewhere
 
 
 def read_rollouts(run_dir) -> list[dict]:

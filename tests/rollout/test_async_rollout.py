@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout.async_rollout import AsyncRollout, staleness_metrics
 from rlhf.stages.data import BatchIterator
+from rollout.async_rollout import AsyncRollout, staleness_metrics
 from rollout.engine import SamplingConfig
 from rollout.group import RolloutGroup
 

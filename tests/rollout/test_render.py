@@ -2,12 +2,12 @@
 writes <s> itself, with two eos ids), and the tiny model's ChatML. Every stage's ids come from here."""
 import pytest
 
-from tests.foreign import build_foreign_model
 from common.batch import pack_pairs
 from common.errors import UserError
 from rlhf.stages.preference import tokenize_pairs
 from rlhf.stages.sft import tokenize_sft
 from rollout.render import PromptRenderer
+from tests.foreign import build_foreign_model
 
 USER = [{"role": "user", "content": "sort 3 1 ="}]
 

@@ -13,8 +13,8 @@ from rlhf.stages.sft import tokenize_sft
 from rlhf.stages.tasks import make_rows
 from rollout.engine import SamplingConfig
 from rollout.group import RolloutGroup
-from rollout.sync import setup_sync, sync_weights
 from rollout.render import PromptRenderer
+from rollout.sync import setup_sync, sync_weights
 from rollout.sync.buckets import plan_buckets
 from tests.rollout.agreement import logprob_diff
 
