@@ -107,8 +107,6 @@ def check_agent(cfg: RunConfig, p: Problems) -> None:
     if g.fn is None:
         return
     p.positives("agent", g, ("max_calls", "timeout_s", "concurrency"))
-    if g.fn.count(":") != 1 or not all(g.fn.split(":")):
-        p.bad("agent.fn", g.fn, "write it as 'package.module:function'")
     if cfg.env.name is not None:
         p.bad("agent.fn", g.fn, "an agent and an environment (env.name) both play the episodes: set one")
     for key in ("fn", "model_path", "url"):

@@ -37,18 +37,12 @@ def resolved(cfg: RunConfig) -> RunConfig:
     return replace(out, placement=replace(placement, cpu_threads=threads))
 
 
-UNRESOLVED = ("rollout.logprob_diff_warn", "rollout.seed_per_prompt", "rollout.multiprocess",
-              "rollout.gpu_memory_utilization", "algorithm.loss_norm_len", "placement.reference_ranks",
-              "placement.cpu_threads", "trainer.precision")  # null until resolved(), never after
-
-
 def require_resolved(cfg: RunConfig) -> None:
     """For code that takes a RunConfig from a caller (the RL controller): one that skipped `resolved()` would run
-    on nulls; say so rather than fill them in a second time."""
-    left = [k for k in UNRESOLVED if getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) is None]
-    if left:
-        raise ValueError(f"the config is not resolved ({', '.join(left)} null): pass load_config()'s result, or "
-                         "rlhf.config.resolved(cfg)")
+    on nulls; say so rather than fill them in a second time (resolved() keeps what is set, so a resolved config is
+    its own resolution)."""
+    if resolved(cfg) != cfg:
+        raise ValueError("the config is not resolved: pass load_config()'s result, or rlhf.config.resolved(cfg)")
 
 
 def role_ranks(cfg: RunConfig, needs_critic: Optional[bool] = None) -> dict[str, int]:

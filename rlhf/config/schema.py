@@ -178,7 +178,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-def choices_of(cls: type = None, prefix: str = "") -> dict[str, tuple]:
+def choices_of(cls: Optional[type] = None, prefix: str = "") -> dict[str, tuple]:
     """{dotted key: allowed values} for every field declared with `one_of`, in declaration order."""
     out = {}
     for f in dataclasses.fields(cls or RunConfig):
