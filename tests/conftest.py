@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LONGEST_FIRST = ["e2e/test_real_model.py",  # the real model: its conversion, a 2-step GRPO, a 2-step LoRA game
                  "e2e/test_stages.py",
                  "rollout/test_vllm_engine.py",
+                 "e2e/test_gemma.py",  # Gemma-3-270M: download and conversion (~3 min on CI), one agreement check
                  "e2e/test_real_workloads.py",
                  "e2e/test_resume.py",
                  "e2e/test_faults.py",
