@@ -14,7 +14,8 @@ from actors.dist import init_deepspeed_distributed
 from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.precision import fresh_adam, master_state_dict, start_masters
-from common.batch import Batch, budget_grouped, first_target, length_grouped, map_grouped, map_pieces, split_batch
+from common.batch import (Batch, attention_inputs, budget_grouped, first_target, length_grouped, map_grouped,
+                          map_pieces, split_batch)
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, unpack_rows
@@ -139,14 +140,13 @@ class DSModel:
                 return HeadOutput(self._forward(mb).logits, self.head)
 
     def _forward(self, mb: Batch):
-        if self.shared_prefix and "loss_mask" in mb:
+        if self.shared_prefix and "loss_mask" in mb and "position_ids" not in mb:  # (rows of several sequences)
             plan = plan_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
             if self.cost.sharing_pays(plan):
                 return self._shared_forward(mb, plan)  # else (long continuations, a group of one) the padded one
         if not self.packing:
-            return self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                               **keep_kwargs(mb, self.trims_logits))
-        ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"])
+            return self.engine(input_ids=mb["input_ids"], **attention_inputs(mb), **keep_kwargs(mb, self.trims_logits))
+        ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"], mb.get("position_ids"))
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 

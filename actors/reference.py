@@ -8,7 +8,7 @@ import torch
 
 from actors.dist import releases_gpu_cache
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, shifted_logprobs, takes_logits_to_keep
-from common.batch import Batch, map_grouped
+from common.batch import Batch, attention_inputs, map_grouped
 from common.dtypes import autocast, weights_dtype
 from common.options import precision_of
 
@@ -43,11 +43,11 @@ class ReferenceModel:
         def run(mb: Batch) -> torch.Tensor:
             mb = {k: v.to(self.device) for k, v in mb.items()}
             with autocast(self.precision, self.device), self._deferring():
-                out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                out = self.model(input_ids=mb["input_ids"], **attention_inputs(mb),
                                  **keep_kwargs(mb, self.trims_logits))
             out = out if self.head is None else HeadOutput(out.logits, self.head)
             return shifted_logprobs(mb, out, self.temperature).cpu()
-        keys = [k for k in ("input_ids", "attention_mask", "loss_mask") if k in batch]
+        keys = [k for k in ("input_ids", "attention_mask", "loss_mask", "position_ids") if k in batch]
         return map_grouped({k: batch[k] for k in keys}, self.micro_batch_size, run, max_tokens=self.max_tokens)
 
     def _deferring(self):

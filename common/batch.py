@@ -21,6 +21,8 @@ class RolloutBatch:
     loss_mask: torch.Tensor  # (B, L-1) bool, the tokens the model sampled: what the update trains
     rollout_logprobs: torch.Tensor  # (B, L-1) fp32, the engine's log-probs of those tokens
     rewards: torch.Tensor  # (B,) fp32, one score a sample
+    # (B, L) int64 where a row holds several sequences (an agent episode's contexts: segment_positions), else None
+    position_ids: Optional[torch.Tensor] = None
 
     @classmethod
     def of(cls, samples: list, rewards: torch.Tensor, pad_id: int, rows: Batch | None = None) -> "RolloutBatch":
@@ -29,8 +31,9 @@ class RolloutBatch:
 
     def rows(self) -> Batch:
         """The row tensors every worker call of the step reads (the samples and rewards stay on the driver)."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "loss_mask": self.loss_mask,
+        rows = {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "loss_mask": self.loss_mask,
                 "rollout_logprobs": self.rollout_logprobs}
+        return rows if self.position_ids is None else {**rows, "position_ids": self.position_ids}
 
 
 def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int) -> Batch:
@@ -107,7 +110,29 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
         # (a copy: arrays Ray hands over from its object store are read-only)
         rollout[i, start:start + len(s.completion_ids)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
     batch["rollout_logprobs"] = rollout
+    if any(s.segments for s in samples):
+        batch["position_ids"] = segment_positions(batch["input_ids"].shape[1], [s.segments or [] for s in samples])
     return batch
+
+
+def segment_positions(width: int, starts: Sequence[Sequence[int]]) -> torch.Tensor:
+    """(B, width) position ids that restart at 0 at each of a row's `starts` (a row holding several sequences;
+    padding continues the last). A forward given these and no attention mask treats each run as its own sequence:
+    transformers reads a restart as a sequence boundary (a block-diagonal causal mask), and right padding after a
+    row's tokens is never attended by them."""
+    positions = torch.arange(width).repeat(len(starts), 1)
+    for i, row in enumerate(starts):
+        for start in row:
+            positions[i, start:] -= positions[i, start].clone()
+    return positions
+
+
+def attention_inputs(mb: Batch) -> Batch:
+    """What a forward takes besides input_ids: the padding mask, or for rows holding several sequences their
+    restarting position ids instead (segment_positions)."""
+    if "position_ids" in mb:  # (no cache: with one, transformers does not look for restarts)
+        return {"position_ids": mb["position_ids"], "use_cache": False}
+    return {"attention_mask": mb["attention_mask"]}
 
 
 def pack_pairs(prompts: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]],

@@ -75,17 +75,19 @@ def deal_by_length(lengths: torch.Tensor, world_size: int, n_mini: int) -> torch
     return torch.tensor([row for shard in shards for row in shard])
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded rows as one row without padding (`trainer.packing`): every row's tokens end to end, with
     position ids restarting at 0 where a row starts. transformers reads the restarts as sequence boundaries (a
     block-diagonal causal mask under sdpa/eager, variable-length kernels under flash attention), so each token sees
     only its own row, as it would padded.
 
     input_ids, attention_mask (B, W) -> packed ids (1, N), position_ids (1, N), and `where` (N,): each packed
-    token's flat position in (B * W), for `unpack_rows`. N = attention_mask.sum()."""
+    token's flat position in (B * W), for `unpack_rows`. N = attention_mask.sum(). `position_ids` (B, W): rows that
+    hold several sequences restart there too (common.batch.segment_positions)."""
     real = attention_mask.bool()
     where = real.reshape(-1).nonzero().squeeze(-1)
-    positions = (real.cumsum(1) - 1).reshape(-1)[where]
+    positions = (real.cumsum(1) - 1 if position_ids is None else position_ids).reshape(-1)[where]
     return input_ids.reshape(-1)[where].unsqueeze(0), positions.unsqueeze(0), where
 
 

@@ -5,14 +5,17 @@ history. A call whose request extends the episode's conversation (its earlier me
 reply sent back as returned, then new messages; for /v1/completions: the prompt's ids begin with the context's)
 continues the same sample: the template's text between the turns goes in unmasked, the sampled ids masked. A call
 that does not extend it (the agent rewrote or dropped its history, or sent calls in parallel) opens a new sample: a
-history break, counted. The episode trains on its last sample, with the episode's reward (earlier samples of an
-episode with breaks are counted, not trained: the batch holds one sample per episode).
+history break, counted. The episode trains every sample, with the episode's reward: its contexts are joined into
+one training row whose later contexts are separate sequences (`Sample.segments`: their positions restart and each
+attends only to itself), so the batch keeps one row per episode and a group's size is the number of its episodes.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
+
+import numpy as np
 
 from rollout.agent_render import chat_ids, continuation_ids, same_message
 from rollout.engine import EnvOutcome, Sample
@@ -36,7 +39,7 @@ class Episode:
 
     key: str
     index: int
-    samples: list[Trajectory] = field(default_factory=list)  # one per history break, the last one trained
+    samples: list[Trajectory] = field(default_factory=list)  # a context per history break, all trained
     calls: int = 0
     breaks: int = 0
     reward: float = 0.0
@@ -87,13 +90,33 @@ class Episode:
             self.history = (plan.messages, reply, plan.tools) if plan.messages is not None and reply else None
 
     def sample(self, pad_id: int) -> Sample:
-        """The trained sample: the last context, with the episode's reward (0 when it failed, as an environment's
-        failure scores); an episode that made no call trains nothing (one pad token), so the batch keeps its shape.
-        The episode is closed: a call of its agent still in flight is answered but not kept."""
+        """The trained sample: every context, joined (`joined`), with the episode's reward (0 when it failed, as an
+        environment's failure scores); an episode that made no call trains nothing (one pad token), so the batch
+        keeps its shape. The episode is closed: a call of its agent still in flight is answered but not kept."""
         with self.lock:
             self.closed = True
             error = self.error is not None or not self.samples
-            t = self.samples[-1] if self.samples else Trajectory(self.index, ids=[pad_id], prompt_len=1)
-            s = t.sample()
+            s = joined(self.samples) if self.samples else Trajectory(self.index, ids=[pad_id], prompt_len=1).sample()
         s.env = EnvOutcome(0.0 if error else self.reward, self.calls, self.seconds, error, self.breaks)
         return s
+
+
+def joined(contexts: list[Trajectory]) -> Sample:
+    """One sample of an episode's contexts: the first as its prompt and completion, each later one appended whole
+    (its prompt as context, not trained; its sampled ids trained), starting a new sequence at `segments`."""
+    s = contexts[0].sample()
+    if len(contexts) == 1:
+        return s
+    completion, mask = list(s.completion_ids), list(s.completion_mask)
+    logprobs, versions, starts = [s.rollout_logprobs], [s.versions], []
+    for t in contexts[1:]:
+        later = t.sample()
+        starts.append(len(s.prompt_ids) + len(completion))
+        completion += later.prompt_ids + later.completion_ids
+        mask += [False] * len(later.prompt_ids) + list(later.completion_mask)
+        logprobs += [np.zeros(len(later.prompt_ids), np.float32), later.rollout_logprobs]
+        if later.versions is not None:  # the context's ids carry its first turn's version (not trained)
+            versions += [np.full(len(later.prompt_ids), later.versions[0], np.int32), later.versions]
+    return replace(s, completion_ids=completion, completion_mask=mask, rollout_logprobs=np.concatenate(logprobs),
+                   versions=np.concatenate(versions) if s.versions is not None else None, segments=starts,
+                   finish_reason=later.finish_reason)

@@ -74,14 +74,15 @@ def _sample_state(s: Sample) -> dict:
     return {"prompt_index": s.prompt_index, "prompt_ids": s.prompt_ids, "completion_ids": s.completion_ids,
             "rollout_logprobs": s.rollout_logprobs.tolist(), "finish_reason": s.finish_reason,
             "completion_mask": s.completion_mask, "env": None if s.env is None else asdict(s.env),
-            "versions": None if s.versions is None else s.versions.tolist()}
+            "versions": None if s.versions is None else s.versions.tolist(), "segments": s.segments}
 
 
 def _sample_from_state(d: dict) -> Sample:
     return Sample(d["prompt_index"], d["prompt_ids"], d["completion_ids"],
                   np.asarray(d["rollout_logprobs"], dtype=np.float32), d["finish_reason"], d["completion_mask"],
                   None if d["env"] is None else EnvOutcome(**d["env"]),
-                  None if d["versions"] is None else np.asarray(d["versions"], dtype=np.int32))
+                  None if d["versions"] is None else np.asarray(d["versions"], dtype=np.int32),
+                  d.get("segments"))  # (absent from checkpoints before 2026-12-05)
 
 
 def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, float]:

@@ -42,6 +42,9 @@ class Sample:
     # rollout.max_staleness > 0: the policy version (updates applied) that sampled each completion id, (T,) int32;
     # None = all by the weights of the step that trains it
     versions: Optional[np.ndarray] = None
+    # an agent episode whose calls broke its history (rollout.agent_episode): where each later context starts in
+    # prompt_ids + completion_ids; each context is its own sequence (positions restart, it sees only itself)
+    segments: Optional[list[int]] = None
 
 
 @dataclass

@@ -103,6 +103,17 @@ def late(row, client):
     return 1.0
 
 
+def sort_afresh(row, client):
+    """The sort question asked twice, each time in a fresh conversation: a history break in every episode."""
+    from rollout.rewards import sort_reward
+    score = 0.0
+    for _ in range(2):
+        message = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": row["question"]}]).choices[0].message
+        score += 0.5 * sort_reward([row["question"]], [message.content], answer=[row["answer"]])[0]
+    return score
+
+
 def sort_twice(row, client):
     """tests.envs.toy:SortTwice as an agent: the sort question, the reply sent back with "again", the mean score."""
     from rollout.rewards import sort_reward

@@ -45,8 +45,10 @@ def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_
 
 @pytest.mark.slow
 def test_a_lora_agent_run_resumes_in_its_own_folder(sft_model, tmp_path):
-    """LoRA (only the adapter synced into vLLM) with an agent: the run checkpoints every step; the same command
-    with more steps, into the folder that now holds it, resumes from its checkpoint and logs each step once."""
+    """LoRA (only the adapter synced into vLLM) with an agent whose every episode breaks its history (two fresh
+    conversations): the run checkpoints every step; the same command with more steps, into the folder that now
+    holds it, resumes from its checkpoint and logs each step once. Both contexts of each episode are trained, and
+    the engine's log-probs of both agree with the trainer's forward of the joined row."""
     from rlhf.config import DataConfig
     from rlhf.stages.tasks import make_rows
 
@@ -56,7 +58,7 @@ def test_a_lora_agent_run_resumes_in_its_own_folder(sft_model, tmp_path):
     out = tmp_path / "run"
     args = ["--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}", "data.task=null",
             f"data.train_path={data}", f"data.eval_path={data}", "reward.fn=null", "model.lora.rank=8",
-            "trainer.lr=1e-3", "agent.fn=tests.agents.toy:sort_twice", "agent.max_calls=2", "eval.every=-1",
+            "trainer.lr=1e-3", "agent.fn=tests.agents.toy:sort_afresh", "agent.max_calls=2", "eval.every=-1",
             "rollout.prompts_per_step=8", "trainer.batch_size=64", "rollout.max_model_len=128",
             "checkpoint.every=1"]
     first = run_cli(*args, "trainer.max_steps=2", timeout=900)
@@ -68,4 +70,7 @@ def test_a_lora_agent_run_resumes_in_its_own_folder(sft_model, tmp_path):
     logged = [r for r in read_metrics(str(out)) if r["step"] > 0]
     assert [r["step"] for r in logged] == [1, 2, 3]
     assert all(r["rollout/turns"] == 2 and r["rollout/env_errors"] == 0 for r in logged)
-    assert logged[-1]["rollout/logprob_diff"] < 1e-3  # the resumed engines run the checkpoint's adapter
+    assert all(r["rollout/history_breaks"] == 8 * 8 for r in logged)  # 8 prompts x 8 episodes, one break each
+    # over both contexts' sampled ids: the resumed engines run the checkpoint's adapter, and the trainer scores the
+    # second context as a sequence of its own
+    assert logged[-1]["rollout/logprob_diff"] < 1e-3

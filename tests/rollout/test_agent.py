@@ -165,7 +165,10 @@ def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
         runner.fn = load_agent("tests.agents.toy:rewriter")  # drops the reply: the second call starts over
         for s in runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2)):
             assert s.env.breaks == 1 and s.env.turns == 2 and s.env.reward == 0.5
-            assert runner.renderer.render_text(s.prompt_ids).endswith("fresh start<|im_end|>\n<|im_start|>assistant\n")
+            (start,) = s.segments  # both contexts trained, the second a sequence of its own
+            later = runner.renderer.render_text((s.prompt_ids + s.completion_ids)[start:])
+            assert "fresh start<|im_end|>\n<|im_start|>assistant\n" in later
+            assert sum(s.completion_mask[start - len(s.prompt_ids):]) >= 1  # the second call's sampled ids
         runner.fn, runner.cfg.max_calls = load_agent("tests.agents.toy:prober"), 3
         toy.SEEN.clear()
         assert runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=1))[0].env.reward == 1.0
