@@ -1,7 +1,7 @@
 """An agent episode whose calls broke its history trains every context: the contexts are joined into one row whose
 later ones are separate sequences (Sample.segments -> position ids that restart). Every forward that scores such a
 row (the trainer's padded, packed and shared-prefix paths, the reference model) gives each context the log-probs it
-has alone, and the row trains each context's sampled tokens."""
+has alone (the critic its values), and the row trains each context's sampled tokens."""
 from dataclasses import replace
 
 import numpy as np
@@ -48,8 +48,9 @@ def test_contexts_join_into_one_row_of_separate_sequences():
     assert _sample_from_state(_sample_state(s)).segments == s.segments  # generated ahead, kept across a resume
 
 
-@pytest.mark.parametrize("path", ["padded", "packed", "shared prefix", "reference"])
+@pytest.mark.parametrize("path", ["padded", "packed", "shared prefix", "reference", "critic"])
 def test_each_context_is_scored_as_if_alone(tiny_model_dir, path):
+    from actors.critic import Critic
     from actors.policy import PolicyTrainer
     from actors.reference import ReferenceModel
     from rlhf.config import TrainerConfig
@@ -60,10 +61,13 @@ def test_each_context_is_scored_as_if_alone(tiny_model_dir, path):
     tr = TrainerConfig(lr=1e-3, batch_size=2, micro_batch_size=2, warmup_steps=0)
     if path == "reference":
         score = ReferenceModel(tiny_model_dir).compute_logprobs
+    elif path == "critic":
+        score = Critic(tiny_model_dir, tr).compute_values
     else:
         tr = replace(tr, packing=path == "packed", shared_prefix=path == "shared prefix")
         score = PolicyTrainer(tiny_model_dir, tr).compute_logprobs
-    got, want = score(together), score(alone)
+    # (what matters: the trained positions; a critic's value past a row's last token depends on the micro-batch)
+    got, want = score(together) * together["loss_mask"], score(alone) * alone["loss_mask"]
     n1 = len(first.ids) - 1  # the first context's targets, then its last id predicting nothing of its own
     assert (got[0, :n1] - want[0, :n1]).abs().max() < 1e-5
     n2 = len(second.ids) - 1
