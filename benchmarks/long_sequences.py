@@ -6,8 +6,9 @@ the log-probs from full logits against trainer.chunked_logprobs (actors.logits.D
 
 One group of `--group` completions of each length after one 64-token prompt (`--groups` of them), in one
 micro-batch (as a user with micro_batch_size = the rows would run it), bf16 weights (trainer.precision bf16-true).
-`--lengths 32 --group 4 --groups 4 --paths full+shared,chunked+shared` is the real-model recipe's micro-batch. `tiny-152k` is the tiny
-Qwen2 with Qwen2.5's vocabulary (151,936 rows: the head dominates); `smollm2` the real SmolLM2-135M-Instruct. Each
+`--lengths 32 --group 4 --groups 4 --paths full+shared,chunked+shared` is the real-model recipe's micro-batch.
+`tiny-152k` is the tiny Qwen2 with Qwen2.5's vocabulary (151,936 rows: the head dominates); `smollm2`, `qwen` and
+`gemma` the real SmolLM2-135M-Instruct, Qwen2.5-Coder-0.5B-Instruct and Gemma-3-270M (python -m rlhf.models). Each
 measurement runs in a process of its own; its peak extra memory is the growth of the process's peak RSS over what
 it held after loading (CPU; on a GPU `max_memory_allocated`). A process that grows past --cap-gib is stopped and
 reported as such, so the sweep cannot take the machine down.
@@ -27,14 +28,15 @@ from benchmarks.helpers import print_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = 64
+REAL = {"smollm2": "smollm2-135m-instruct", "qwen": "qwen2.5-coder-0.5b-instruct", "gemma": "gemma-3-270m"}
 
 
 def model_dir(name: str) -> str:
     """A local folder for `name`: the tiny Qwen2 with a 151,936-row vocabulary (made once under the cache), or a
-    provisioned real model."""
-    if name == "smollm2":
-        from rlhf import smollm2
-        return smollm2.provision()
+    provisioned real model (REAL)."""
+    if name in REAL:
+        from rlhf import models
+        return models.provision(REAL[name])
     from transformers import AutoModelForCausalLM
 
     from rlhf.config import TinyModelConfig
