@@ -2,7 +2,7 @@
 the log-probs from full logits against trainer.chunked_logprobs (actors.logits.DeferredHead), in one run.
 
     python benchmarks/long_sequences.py [--models tiny-152k,smollm2] [--lengths 256,1024,4096,8192] [--group 8]
-                                        [--cap-gib 12] [--paths full,chunked,chunked+gc]
+                                        [--cap-gib 12] [--paths full,chunked,chunked+gc] [--repeats 1]
 
 One group of `--group` completions of each length after one 64-token prompt (`--groups` of them), in one
 micro-batch (as a user with micro_batch_size = the rows would run it), bf16 weights (trainer.precision bf16-true).
@@ -93,8 +93,11 @@ class Peak:
         raise KeyError(key)
 
 
-def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1) -> dict:
-    """In this process: one rl_step and one reference pass of the group; seconds and peak extra bytes of each."""
+def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1) -> dict:
+    """In this process: `repeats` rl_steps and reference passes of the group; the median seconds and the largest
+    peak extra bytes of each (the first call pays one-time costs, so a speed needs repeats > 1)."""
+    import statistics
+
     from actors.policy import PolicyTrainer
     from actors.reference import ReferenceModel
     from rlhf.config import AlgorithmConfig, TrainerConfig
@@ -107,22 +110,30 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
                        shared_prefix="+shared" in path)
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
-    with Peak() as step:
-        trainer.rl_step(batch, AlgorithmConfig())
+    steps = []
+    for _ in range(repeats):
+        with Peak() as step:
+            trainer.rl_step(batch, AlgorithmConfig())
+        steps.append(step)
     del trainer
     reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked)
-    with Peak() as ref:
-        reference.compute_logprobs(batch)
-    return dict(step_s=step.seconds, step_gib=step.extra / 2**30, step_total_gib=step.top / 2**30,
-                ref_s=ref.seconds, ref_gib=ref.extra / 2**30)
+    refs = []
+    for _ in range(repeats):
+        with Peak() as ref:
+            reference.compute_logprobs(batch)
+        refs.append(ref)
+    return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
+                step_total_gib=max(p.top for p in steps) / 2**30,
+                ref_s=statistics.median(p.seconds for p in refs), ref_gib=max(p.extra for p in refs) / 2**30)
 
 
-def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1) -> dict:
+def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1,
+            repeats: int = 1) -> dict:
     """`measure_one` in a child process, stopped if its RSS passes `cap` GiB."""
     import psutil
 
     code = (f"import json; from benchmarks.long_sequences import measure_one; "
-            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, {groups})))")
+            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, {groups}, {repeats})))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched, over = psutil.Process(proc.pid), False
@@ -152,11 +163,13 @@ def main() -> None:
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")
     p.add_argument("--cap-gib", type=float, default=12.0)
+    p.add_argument("--repeats", type=int, default=1, help="steps and reference passes each; seconds are medians")
     a = p.parse_args()
     table = []
     for model in a.models.split(","):
         for length in [int(x) for x in a.lengths.split(",")]:
-            got = {path: run_one(model, length, a.group, path, a.cap_gib, a.groups) for path in a.paths.split(",")}
+            got = {path: run_one(model, length, a.group, path, a.cap_gib, a.groups, a.repeats)
+                   for path in a.paths.split(",")}
             for path, r in got.items():
                 print(json.dumps(dict(model=model, completion=length, path=path, **r)), flush=True)
                 base = next(iter(got.values()))  # the first path is the baseline (today's: full)
