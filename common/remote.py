@@ -92,9 +92,9 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
 
 MEMORY_HINT = ("it ran out of memory. What lowers it: trainer.max_tokens_per_micro_batch (or a smaller "
                "trainer.micro_batch_size), trainer.gradient_checkpointing=true, trainer.chunked_logprobs=true (if "
-               "off), shorter rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or trainer.offload=true; for a "
-               "rollout engine, rollout.max_model_len and its memory share (rollout.gpu_memory_utilization, "
-               "rollout.kv_cache_mb on CPU) (docs/configuration.md)")
+               "off), shorter rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or "
+               "trainer.offload=true; for a rollout engine, rollout.max_model_len and its memory share "
+               "(rollout.gpu_memory_utilization, rollout.kv_cache_mb on CPU) (docs/configuration.md)")
 
 
 def memory_hint(message: str) -> str:
