@@ -16,6 +16,7 @@ reported as such, so the sweep cannot take the machine down.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -93,6 +94,16 @@ class Peak:
         raise KeyError(key)
 
 
+def peaks(call, repeats: int) -> list[Peak]:
+    """`call()` `repeats` times, each under its own Peak."""
+    out = []
+    for _ in range(repeats):
+        with Peak() as peak:
+            call()
+        out.append(peak)
+    return out
+
+
 def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1) -> dict:
     """In this process: `repeats` rl_steps and reference passes of the group; the median seconds and the largest
     peak extra bytes of each (the first call pays one-time costs, so a speed needs repeats > 1)."""
@@ -110,18 +121,10 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
                        shared_prefix="+shared" in path)
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
-    steps = []
-    for _ in range(repeats):
-        with Peak() as step:
-            trainer.rl_step(batch, AlgorithmConfig())
-        steps.append(step)
+    steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
     del trainer
     reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked)
-    refs = []
-    for _ in range(repeats):
-        with Peak() as ref:
-            reference.compute_logprobs(batch)
-        refs.append(ref)
+    refs = peaks(functools.partial(reference.compute_logprobs, batch), repeats)
     return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
                 step_total_gib=max(p.top for p in steps) / 2**30,
                 ref_s=statistics.median(p.seconds for p in refs), ref_gib=max(p.extra for p in refs) / 2**30)

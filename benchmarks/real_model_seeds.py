@@ -1,15 +1,6 @@
 """Learning on the real models, seeds apart: each recipe of docs/real-model.md (and the agent recipe of
-docs/agents.md) run as a user runs it, for several seeds, greedy accuracy on the held-out prompts before → after (each run's own evaluations), seconds a step
-and the peak memory of the run's process tree.
-
-    python -m rlhf.models gemma-3-270m && python benchmarks/real_model_seeds.py --recipes gemma --seeds 0,1,2
-    python benchmarks/real_model_seeds.py --recipes qwen-full --seeds 0 --steps 10   # a probe: say so
-    python benchmarks/real_model_seeds.py --recipes gemma --seeds 0 --set trainer.lr=1e-6  # a variant
-    python benchmarks/real_model_seeds.py --report       # the table from every result recorded so far
-
-A pipeline's stages run in order, each from the previous stage's final folder (Gemma: SFT, then GRPO from the SFT
-model). Every finished stage appends one JSON line to .cache/real_model_seeds/results.jsonl, so a sweep can run in
-pieces; a stage whose run folder already holds `final/` is read, not rerun.
+docs/agents.md) run as a user runs it, for several seeds, greedy accuracy on the held-out prompts before → after
+(each run's own evaluations), seconds a step and the peak memory of the run's process tree.
 """
 from __future__ import annotations
 
