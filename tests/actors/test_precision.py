@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from actors.logits import HeadOutput
 from actors.policy import PolicyTrainer
 from actors.precision import master_state_dict
 from actors.reference import ReferenceModel
@@ -66,7 +67,9 @@ def test_bf16_mixed_trains_fp32_weights_under_autocast_and_sends_the_engine_dtyp
     mixed = PolicyTrainer(tiny_model_dir, replace(TR, precision="bf16-mixed", lr=1e-6), dtype="bfloat16")
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     assert all(p.dtype == torch.float32 for p in mixed.model.parameters())
-    assert mixed.ds(mixed.ds.on_device(batch)).logits.dtype == torch.bfloat16  # matmuls ran in bf16
+    out = mixed.ds(mixed.ds.on_device(batch))
+    logits = out.head(out.hidden) if isinstance(out, HeadOutput) else out.logits  # chunked_logprobs: head deferred
+    assert logits.dtype == torch.bfloat16  # matmuls ran in bf16
     start = {n: p.detach().clone() for n, p in mixed.model.named_parameters()}
     mixed.sft_step(batch)
     # a 1e-6 step is far below a bf16 step at these magnitudes, yet every weight the gradient reached moved
