@@ -15,7 +15,8 @@ step; trained tokens/s; prompt/context tokens the engines computed per generated
 prefix-cache hits not counted); token ids the driver moved a step, and its generator thread's CPU seconds a step;
 a sync's pause to resume, and of it the wait for the engine call in flight; held-out greedy accuracy gain per step
 (mean ± sd over the seeds); staleness; the share of samples a sync interrupted. Evaluation runs only before and
-after (outside the step times). `--extra` passes further overrides to every run.
+after (outside the step times). `--extra` passes further overrides to every run. `--report DIR ...` prints the
+table from finished runs' folders (each keeps its metrics), so a sweep can be run a variant at a time.
 """
 from __future__ import annotations
 
@@ -68,14 +69,19 @@ def one(variant: str, seed: int, base: list[str], steps: int, extra: list[str]) 
             f"rollout.max_staleness={k}", f"seed={seed}", *extra]
     if mode == "recompute":
         args.append("rollout.inflight_kv=recompute")
-    wall = run_recipe(args, source_tree(CHUNKED_REF) if mode == "chunked" else ROOT)
+    run_recipe(args, source_tree(CHUNKED_REF) if mode == "chunked" else ROOT)
+    return load(out)
+
+
+def load(out: str) -> dict:
+    """One finished run's trained steps, accuracy gain per step and sampled tokens, from its folder."""
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out, "config.yaml")) as f:
         rollout = yaml.safe_load(f)["rollout"]  # the run's config as it ran
     head = "eval/accuracy" if "eval/accuracy" in rows[0] else "eval/exact_match"
     trained = [r for r in rows if r["step"] > 0]
-    return dict(rows=trained, wall=wall, gain=(rows[-1][head] - rows[0][head]) / len(trained),
+    return dict(rows=trained, gain=(rows[-1][head] - rows[0][head]) / len(trained),
                 tokens=sum(r["rollout/response_len"] * rollout["prompts_per_step"] * rollout["n_samples"]
                            for r in trained))
 
@@ -85,13 +91,24 @@ def median(runs: list[dict], key: str, fmt: str = "{:.3g}") -> str:
     return fmt.format(statistics.median(xs)) if xs else "-"
 
 
+def prefill(runs: list[dict]) -> str:
+    """Prompt/context tokens the engines computed per generated token, pooled over every step of every run (one
+    step's window of a run ahead may start no prompt, or many); the median of the steps' ratios where the runs did
+    not log the counts."""
+    pairs = [(r["rollout/prefill_tokens"], r["rollout/generated_tokens"]) for run in runs for r in run["rows"]
+             if "rollout/prefill_tokens" in r]
+    if not pairs:
+        return median(runs, "rollout/prefill_per_token") + " (median)"
+    return f"{sum(p for p, _ in pairs) / max(sum(g for _, g in pairs), 1):.3g}"
+
+
 def row(variant: str, runs: list[dict]) -> list:
     gains = [r["gain"] for r in runs]
     gain = f"{statistics.mean(gains):.4f}" + (f" ± {statistics.stdev(gains):.4f}" if len(gains) > 1 else "")
     seconds = sum(r["time/step"] for run in runs for r in run["rows"])
     pooled = [r for run in runs for r in run["rows"]]
     return [variant, len(runs), median(runs, "time/step"), f"{sum(r['tokens'] for r in runs) / seconds:.1f}",
-            median(runs, "rollout/prefill_per_token"), median(runs, "rollout/driver_tokens", "{:.0f}"),
+            prefill(runs), median(runs, "rollout/driver_tokens", "{:.0f}"),
             median(runs, "rollout/driver_cpu_s"), median(runs, "rollout/sync_pause_s"),
             median(runs, "rollout/sync_wait_s"), gain,
             f"{statistics.mean(r.get('rollout/staleness_mean', 0.0) for r in pooled):.2f}",
@@ -106,10 +123,18 @@ def main() -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--max-new-tokens", type=int, default=None, help="the completions' budget (and eval's)")
     p.add_argument("--extra", nargs="*", default=[], help="overrides for every run, key=value")
+    p.add_argument("--report", nargs="*", metavar="RUN_DIR",
+                   help="no runs: the table from finished run folders (.cache/async_rl/<variant>-s<seed>-...)")
     a = p.parse_args()
-    base = recipe(a.model, a.max_new_tokens)
-    seeds = [int(s) for s in a.seeds.split(",")]
-    table = [row(v, [one(v, s, base, a.steps, a.extra) for s in seeds]) for v in a.variants.split(",")]
+    if a.report is not None:
+        by_variant: dict[str, list] = {}
+        for out in a.report:
+            by_variant.setdefault(os.path.basename(out.rstrip("/")).rsplit("-s", 1)[0], []).append(load(out))
+        table = [row(v, runs) for v, runs in by_variant.items()]
+    else:
+        base = recipe(a.model, a.max_new_tokens)
+        seeds = [int(s) for s in a.seeds.split(",")]
+        table = [row(v, [one(v, s, base, a.steps, a.extra) for s in seeds]) for v in a.variants.split(",")]
     print_table(["variant", "seeds", "s/step", "trained tok/s", "prefill/generated", "driver tokens/step",
                  "driver CPU s/step", "sync pause s", "of it waiting s", "acc gain/step", "staleness",
                  "interrupted"], table)

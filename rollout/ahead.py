@@ -98,7 +98,8 @@ class DriverStats:
     """What generating a step cost the driver and the engines, accumulated as calls come back and read (then reset)
     once a step: `rollout/driver_tokens` (token ids the driver sent to and received from the engines),
     `rollout/driver_cpu_s` (CPU seconds of the generator's thread), `rollout/prefill_per_token` (prompt or context
-    tokens the engines computed, not counting prefix-cache hits, per token they generated), and of the last sync,
+    tokens the engines computed, not counting prefix-cache hits, per token they generated; the two counts too, as
+    `rollout/prefill_tokens` and `rollout/generated_tokens`, so a run's ratio can be pooled), and of the last sync,
     `rollout/sync_wait_s` (waiting for the engine call in flight) and `rollout/sync_pause_s` (pause to resume)."""
 
     def __init__(self, engines: int):
@@ -126,7 +127,8 @@ class DriverStats:
 
     def read(self, ahead: bool = True) -> dict[str, float]:
         """The metrics since the last read (`ahead` false: the synchronous loop's, which has no thread or pause)."""
-        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": self.prefill / max(self.generated, 1)}
+        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": self.prefill / max(self.generated, 1),
+               "rollout/prefill_tokens": self.prefill, "rollout/generated_tokens": self.generated}
         if ahead:
             out.update({"rollout/driver_cpu_s": self.cpu, "rollout/sync_wait_s": self.sync_wait,
                         "rollout/sync_pause_s": self.sync_pause})
