@@ -19,6 +19,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -116,14 +117,16 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
     folder = model_dir(model)
     chunked = path.startswith("chunked")
     rows = group * groups
+    budget = re.search(r"\+mb(\d+)", path)  # trainer.max_tokens_per_micro_batch: the step in smaller micro-batches
     tr = TrainerConfig(lr=1e-5, batch_size=rows, micro_batch_size=rows, warmup_steps=0,
                        chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
-                       shared_prefix="+shared" in path)
+                       shared_prefix="+shared" in path, max_tokens_per_micro_batch=budget and int(budget[1]))
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
     del trainer
-    reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked)
+    reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked,
+                               max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch)
     refs = peaks(functools.partial(reference.compute_logprobs, batch), repeats)
     return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
                 step_total_gib=max(p.top for p in steps) / 2**30,
@@ -162,7 +165,7 @@ def main() -> None:
     p.add_argument("--lengths", default="256,1024,4096,8192")
     p.add_argument("--paths", default="full,chunked,chunked+gc",
                    help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
-                        "trainer.shared_prefix (+shared)")
+                        "trainer.shared_prefix (+shared), + trainer.max_tokens_per_micro_batch N (+mbN)")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")
     p.add_argument("--cap-gib", type=float, default=12.0)
