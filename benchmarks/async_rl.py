@@ -93,7 +93,7 @@ def median(runs: list[dict], key: str, fmt: str = "{:.3g}") -> str:
 
 def prefill(runs: list[dict]) -> str:
     """Prompt/context tokens the engines computed per generated token, pooled over every step of every run (one
-    step's window of a run ahead may start no prompt, or many); the median of the steps' ratios where the runs did
+    step's window of a run ahead may end no sample, or many); the median of the steps' ratios where the runs did
     not log the counts."""
     pairs = [(r["rollout/prefill_tokens"], r["rollout/generated_tokens"]) for run in runs for r in run["rows"]
              if "rollout/prefill_tokens" in r]

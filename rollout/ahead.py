@@ -100,7 +100,9 @@ class DriverStats:
     `rollout/driver_cpu_s` (CPU seconds of the generator's thread), `rollout/prefill_per_token` (prompt or context
     tokens the engines computed, not counting prefix-cache hits, per token they generated; the two counts too, as
     `rollout/prefill_tokens` and `rollout/generated_tokens`, so a run's ratio can be pooled), and of the last sync,
-    `rollout/sync_wait_s` (waiting for the engine call in flight) and `rollout/sync_pause_s` (pause to resume)."""
+    `rollout/sync_wait_s` (waiting for the engine call in flight) and `rollout/sync_pause_s` (pause to resume).
+    The counts leave evaluations out: the synchronous loop counts its own generation call, and generating ahead
+    a sample's counts come when it ends (rollout.engine.Advanced)."""
 
     def __init__(self, engines: int):
         self.last = [(0, 0)] * engines  # each engine's (prefill, generated) totals as last reported
@@ -115,6 +117,11 @@ class DriverStats:
 
     def moved(self, tokens: int) -> None:
         self.tokens += tokens
+
+    def rebase(self, totals: list[tuple[int, int]]) -> None:
+        """Each engine's totals now, as the point the next counts start from: what came before is not this
+        step's (the synchronous loop: an evaluation between two steps)."""
+        self.last = [tuple(t) for t in totals]
 
     def counted(self, totals: list[tuple[int, int]]) -> None:
         """Each engine's (prefill, generated) totals now (rollout.group.RolloutGroup.counters)."""

@@ -84,9 +84,10 @@ class Delta:
 
 @dataclass
 class Advanced:
-    """An `advance` call's answer: each kept request's `Delta`, and the engine's token counts since it started:
-    prompt tokens it computed (prefix-cache hits not counted; a context computed again is counted again) and tokens
-    it generated, for every request (evaluations included)."""
+    """An `advance` call's answer: each kept request's `Delta`, and the engine's token counts for its kept requests
+    since it started: prompt tokens computed (prefix-cache hits not counted; a context computed again is counted
+    again) and tokens generated. vLLM counts a sample's prompt and tokens when the sample ends, and leaves out what
+    `generate` computed (an evaluation beside the kept requests); the transformers engine counts every call it made."""
 
     deltas: list[Delta]
     prefill_tokens: int

@@ -64,6 +64,7 @@ class SyncRollout:
         prompts = [r["prompt"] for r in rows]
         sampling = self.sampling(step, attempt, self.renderer.stop_ids(prompts))
         ids = [self.renderer.prompt_ids(p) for p in prompts]
+        self.stats.rebase(self.engines.counters())
         samples = self.engines.generate(ids, sampling)
         self.stats.moved(sum(map(len, ids)) + sum(len(s.completion_ids) for s in samples))
         self.stats.counted(self.engines.counters())

@@ -112,10 +112,7 @@ class VLLMEngine:
                                  flat_logprobs=True)
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
-        if self.kept.live:  # (an evaluation while samples are generated ahead: those go on beside it)
-            outputs = self.kept.run_beside(inputs, params)
-        else:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        outputs = self.kept.generate(inputs, params, self.lora_request)  # (beside samples generated ahead)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:

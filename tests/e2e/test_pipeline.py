@@ -30,6 +30,8 @@ def test_sft_then_grpo_learns(sft_model, tmp_path):
     for r in rl[1:]:
         assert RL_METRICS <= set(r), RL_METRICS - set(r)
         assert r["rollout/logprob_diff"] < 1e-3
+        # the engines' counts are the step's own generation: the evaluations before steps 1 and 9 are not in them
+        assert r["rollout/generated_tokens"] == pytest.approx(r["rollout/response_len"] * 32 * 8, rel=1e-4)
     evals = [r for r in rl if "eval/exact_match" in r]
     assert [r["step"] for r in evals] == [0, 8, 16] and all(r["time/eval"] > 0 for r in evals)
     assert evals[0]["eval/exact_match"] == pytest.approx(sft[-1]["eval/exact_match"], abs=0.02)

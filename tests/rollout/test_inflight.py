@@ -41,6 +41,12 @@ def _until_done(group, kept: dict[int, dict], steps=4) -> None:
     raise AssertionError("kept requests did not end")
 
 
+def _counts(group) -> np.ndarray:
+    """The engine's (prefill, generated) counts now (an advance call starting nothing, no step)."""
+    (answer,), _ = group.advance([[]], SAMPLING, 0, rows=1)
+    return np.array([answer.prefill_tokens, answer.generated_tokens])
+
+
 def _forced(model, prompt, ids) -> np.ndarray:
     x = torch.tensor([prompt + ids])
     with torch.no_grad():
@@ -66,6 +72,7 @@ def test_an_evaluation_beside_kept_requests_leaves_them_whole(group, tiny_model_
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     prompts = [[4 + i, 9, 11] for i in range(6)]
+    start = _counts(group)
     got = _advance(group, [Request(10 + i, p, 20, seed=i) for i, p in enumerate(prompts)], steps=3)
     kept = {10 + i: dict(prompt=p, ids=list(got[10 + i]["ids"]), logprobs=list(got[10 + i]["logprobs"]),
                          finish=got[10 + i]["finish"]) for i, p in enumerate(prompts)}
@@ -79,6 +86,8 @@ def test_an_evaluation_beside_kept_requests_leaves_them_whole(group, tiny_model_
     for k in kept.values():  # what was produced beside the evaluation reached the next call, nothing lost
         assert len(k["ids"]) == 20 or k["finish"] == "stop"
         assert np.abs(np.asarray(k["logprobs"]) - _forced(model, k["prompt"], k["ids"])).max() < 1e-3
+    # the engine's counts are the kept samples' own (rollout/prefill_per_token): the evaluation is not in them
+    assert (_counts(group) - start).tolist() == [sum(map(len, prompts)), sum(len(k["ids"]) for k in kept.values())]
 
 
 def _adapter(model_dir: str, out: str):
@@ -134,5 +143,6 @@ def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(gr
         assert np.abs(lp[n:] - after).max(initial=0) < 1e-3
         moved.append(np.abs(lp[n:] - _forced(base, k["prompt"], k["ids"])[n:]).mean())
     assert np.mean(moved) > 1e-2  # the adapter changes them: the check above can fail
-    (now,), _ = group.advance([[]], SAMPLING, 0, rows=4)  # each context (prompt + 4 tokens) prefilled again
-    assert now.prefill_tokens - counted.prefill_tokens == sum(len(p) + 4 for p in prompts)
+    (now,), _ = group.advance([[]], SAMPLING, 0, rows=4)  # each context (prompt + 4 tokens) prefilled again, and
+    # each sample's first prefill, counted when it ended
+    assert now.prefill_tokens - counted.prefill_tokens == sum((len(p) + 4) + len(p) for p in prompts)
