@@ -10,13 +10,14 @@ A variant is `k<K>` (in-flight, rollout.inflight_kv keep), `k<K>-recompute`, or 
 in-flight updates (every chunk_tokens each sequence left the engine and was sent back with its whole context), run
 from a git worktree of CHUNKED_REF; it logs no driver or prefill counts ("-").
 
-Per variant (seeds pooled; step medians leave out step 1, whose window holds the initial evaluation): seconds a
-step; trained tokens/s; prompt/context tokens the engines computed per generated token (`rollout/prefill_per_token`,
-prefix-cache hits not counted); token ids the driver moved a step, and its generator thread's CPU seconds a step;
-a sync's pause to resume, and of it the wait for the engine call in flight; held-out greedy accuracy gain per step
-(mean ± sd over the seeds); staleness; the share of samples a sync interrupted. Evaluation runs only before and
-after (outside the step times). `--extra` passes further overrides to every run. `--report DIR ...` prints the
-table from finished runs' folders (each keeps its metrics), so a sweep can be run a variant at a time.
+Per variant (seeds pooled; step medians leave out step 1, whose window holds the initial evaluation): seconds a step;
+trained tokens/s; prompt/context tokens the engines computed per generated token (`rollout/prefill_per_token`, prefix-
+cache hits not counted), and the same tokens over K = 0's runs of the same seeds; token ids the driver moved a step,
+and its generator thread's CPU seconds a step; a sync's pause to resume, and of it the wait for the engine call in
+flight; held-out greedy accuracy gain per step (mean ± sd over the seeds); staleness; the share of samples a sync
+interrupted. Evaluation runs only before and after (outside the step times). `--extra` passes further overrides to
+every run. `--report DIR ...` prints the table from finished runs' folders (each keeps its metrics), so a sweep can be
+run a variant at a time.
 """
 from __future__ import annotations
 
@@ -78,10 +79,12 @@ def load(out: str) -> dict:
     with open(os.path.join(out, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(os.path.join(out, "config.yaml")) as f:
-        rollout = yaml.safe_load(f)["rollout"]  # the run's config as it ran
+        config = yaml.safe_load(f)  # the run's config as it ran
+    rollout = config["rollout"]
     head = "eval/accuracy" if "eval/accuracy" in rows[0] else "eval/exact_match"
     trained = [r for r in rows if r["step"] > 0]
-    return dict(rows=trained, gain=(rows[-1][head] - rows[0][head]) / len(trained),
+    return dict(rows=trained, gain=(rows[-1][head] - rows[0][head]) / len(trained), seed=config["seed"],
+                prefill=sum(r.get("rollout/prefill_tokens", float("nan")) for r in trained),
                 tokens=sum(r["rollout/response_len"] * rollout["prompts_per_step"] * rollout["n_samples"]
                            for r in trained))
 
@@ -102,13 +105,20 @@ def prefill(runs: list[dict]) -> str:
     return f"{sum(p for p, _ in pairs) / max(sum(g for _, g in pairs), 1):.3g}"
 
 
-def row(variant: str, runs: list[dict]) -> list:
+def against_k0(runs: list[dict], k0: dict[int, float]) -> str:
+    """The prompt/context tokens the engines computed in these runs over K = 0's with the same seeds (the same
+    prompts each step): 1 where no context is computed twice, whatever the completions' lengths."""
+    pairs = [(r["prefill"], k0[r["seed"]]) for r in runs if r["seed"] in k0 and r["prefill"] == r["prefill"]]
+    return f"{sum(a for a, _ in pairs) / sum(b for _, b in pairs):.4f}" if pairs else "-"
+
+
+def row(variant: str, runs: list[dict], k0: dict[int, float]) -> list:
     gains = [r["gain"] for r in runs]
     gain = f"{statistics.mean(gains):.4f}" + (f" ± {statistics.stdev(gains):.4f}" if len(gains) > 1 else "")
     seconds = sum(r["time/step"] for run in runs for r in run["rows"])
     pooled = [r for run in runs for r in run["rows"]]
     return [variant, len(runs), median(runs, "time/step"), f"{sum(r['tokens'] for r in runs) / seconds:.1f}",
-            prefill(runs), median(runs, "rollout/driver_tokens", "{:.0f}"),
+            prefill(runs), against_k0(runs, k0), median(runs, "rollout/driver_tokens", "{:.0f}"),
             median(runs, "rollout/driver_cpu_s"), median(runs, "rollout/sync_pause_s"),
             median(runs, "rollout/sync_wait_s"), gain,
             f"{statistics.mean(r.get('rollout/staleness_mean', 0.0) for r in pooled):.2f}",
@@ -130,14 +140,15 @@ def main() -> None:
         by_variant: dict[str, list] = {}
         for out in a.report:
             by_variant.setdefault(os.path.basename(out.rstrip("/")).rsplit("-s", 1)[0], []).append(load(out))
-        table = [row(v, runs) for v, runs in by_variant.items()]
     else:
         base = recipe(a.model, a.max_new_tokens)
         seeds = [int(s) for s in a.seeds.split(",")]
-        table = [row(v, [one(v, s, base, a.steps, a.extra) for s in seeds]) for v in a.variants.split(",")]
-    print_table(["variant", "seeds", "s/step", "trained tok/s", "prefill/generated", "driver tokens/step",
-                 "driver CPU s/step", "sync pause s", "of it waiting s", "acc gain/step", "staleness",
-                 "interrupted"], table)
+        by_variant = {v: [one(v, s, base, a.steps, a.extra) for s in seeds] for v in a.variants.split(",")}
+    k0 = {r["seed"]: r["prefill"] for r in by_variant.get("k0", []) if r["prefill"] == r["prefill"]}  # (not NaN)
+    table = [row(v, runs, k0) for v, runs in by_variant.items()]
+    print_table(["variant", "seeds", "s/step", "trained tok/s", "prefill/generated", "prefill vs K=0",
+                 "driver tokens/step", "driver CPU s/step", "sync pause s", "of it waiting s", "acc gain/step",
+                 "staleness", "interrupted"], table)
 
 
 if __name__ == "__main__":
