@@ -101,7 +101,8 @@ def prefill(runs: list[dict]) -> str:
     pairs = [(r["rollout/prefill_tokens"], r["rollout/generated_tokens"]) for run in runs for r in run["rows"]
              if "rollout/prefill_tokens" in r]
     if not pairs:
-        return median(runs, "rollout/prefill_per_token") + " (median)"
+        m = median(runs, "rollout/prefill_per_token")
+        return m if m == "-" else m + " (median)"
     return f"{sum(p for p, _ in pairs) / max(sum(g for _, g in pairs), 1):.3g}"
 
 
