@@ -84,7 +84,8 @@ def load(out: str) -> dict:
     head = "eval/accuracy" if "eval/accuracy" in rows[0] else "eval/exact_match"
     trained = [r for r in rows if r["step"] > 0]
     return dict(rows=trained, gain=(rows[-1][head] - rows[0][head]) / len(trained), seed=config["seed"],
-                prefill=sum(r.get("rollout/prefill_tokens", float("nan")) for r in trained),
+                prefill=sum(r["rollout/prefill_tokens"] for r in trained)  # (None: the chunked design's runs)
+                if all("rollout/prefill_tokens" in r for r in trained) else None,
                 tokens=sum(r["rollout/response_len"] * rollout["prompts_per_step"] * rollout["n_samples"]
                            for r in trained))
 
@@ -109,7 +110,7 @@ def prefill(runs: list[dict]) -> str:
 def against_k0(runs: list[dict], k0: dict[int, float]) -> str:
     """The prompt/context tokens the engines computed in these runs over K = 0's with the same seeds (the same
     prompts each step): 1 where no context is computed twice, whatever the completions' lengths."""
-    pairs = [(r["prefill"], k0[r["seed"]]) for r in runs if r["seed"] in k0 and r["prefill"] == r["prefill"]]
+    pairs = [(r["prefill"], k0[r["seed"]]) for r in runs if r["seed"] in k0 and r["prefill"] is not None]
     return f"{sum(a for a, _ in pairs) / sum(b for _, b in pairs):.4f}" if pairs else "-"
 
 
@@ -145,7 +146,7 @@ def main() -> None:
         base = recipe(a.model, a.max_new_tokens)
         seeds = [int(s) for s in a.seeds.split(",")]
         by_variant = {v: [one(v, s, base, a.steps, a.extra) for s in seeds] for v in a.variants.split(",")}
-    k0 = {r["seed"]: r["prefill"] for r in by_variant.get("k0", []) if r["prefill"] == r["prefill"]}  # (not NaN)
+    k0 = {r["seed"]: r["prefill"] for r in by_variant.get("k0", []) if r["prefill"] is not None}
     table = [row(v, runs, k0) for v, runs in by_variant.items()]
     print_table(["variant", "seeds", "s/step", "trained tok/s", "prefill/generated", "prefill vs K=0",
                  "driver tokens/step", "driver CPU s/step", "sync pause s", "of it waiting s", "acc gain/step",

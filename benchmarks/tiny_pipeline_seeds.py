@@ -10,32 +10,23 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.helpers import print_table  # noqa: E402
+from benchmarks.helpers import print_table, run_recipe  # noqa: E402
 from rlhf.outputs.metrics import read_metrics  # noqa: E402
 
 CACHE = os.path.join(ROOT, ".cache", "tiny_pipeline_seeds")
 VARIANTS = {"full": ["trainer.chunked_logprobs=false"], "chunked": ["trainer.chunked_logprobs=true"]}
 
 
-def run(*args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    res = subprocess.run([sys.executable, "-m", "rlhf.run", *args], cwd=ROOT, env=dict(env, PYTHONPATH=ROOT),
-                         capture_output=True, text=True)
-    if res.returncode:
-        sys.exit(f"failed ({res.returncode}): {' '.join(args)}\n{res.stderr[-3000:]}")
-
-
 def sft_model() -> str:
     out = os.path.join(CACHE, "sft")
     if not os.path.isfile(os.path.join(out, "final", "config.json")):
-        run("--config", "examples/sort_sft.yaml", f"output_dir={out}", "trainer.max_steps=150", "eval.every=-1",
-            "data.num_eval=64", "checkpoint.every=0")
+        run_recipe(["--config", "examples/sort_sft.yaml", f"output_dir={out}", "trainer.max_steps=150",
+                    "eval.every=-1", "data.num_eval=64", "checkpoint.every=0"], ROOT)
     return os.path.join(out, "final")
 
 
@@ -43,9 +34,9 @@ def grpo(model: str, variant: str, seed: int, steps: int) -> tuple[float, float,
     """(reward before, reward after, exact match before, after) from the run's evaluations."""
     out = os.path.join(CACHE, f"{variant}-s{seed}-{steps}")
     if not os.path.isfile(os.path.join(out, "final", "config.json")):
-        run("--config", "examples/sort_grpo.yaml", f"output_dir={out}", f"model.path={model}", f"seed={seed}",
-            f"trainer.max_steps={steps}", f"eval.every={steps}", "data.num_eval=64", "checkpoint.every=0",
-            *VARIANTS[variant])
+        run_recipe(["--config", "examples/sort_grpo.yaml", f"output_dir={out}", f"model.path={model}",
+                    f"seed={seed}", f"trainer.max_steps={steps}", f"eval.every={steps}", "data.num_eval=64",
+                    "checkpoint.every=0", *VARIANTS[variant]], ROOT)
     evals = [r for r in read_metrics(out) if "eval/reward_mean" in r]
     first, last = evals[0], evals[-1]
     return first["eval/reward_mean"], last["eval/reward_mean"], first["eval/exact_match"], last["eval/exact_match"]

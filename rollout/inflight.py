@@ -37,8 +37,7 @@ class Live:
     sampling: SamplingConfig
     produced: list[int] = field(default_factory=list)
     delta: Optional[Delta] = None
-    prefill: int = 0  # prompt tokens its first prefill computed (prefix-cache hits not counted)
-    prefilled: bool = False
+    prefill: Optional[int] = None  # prompt tokens its first prefill computed (prefix-cache hits not counted)
 
     def take(self, ids: list[int], logprobs: list[float], finish: Optional[str]) -> None:
         self.produced += ids
@@ -80,10 +79,11 @@ class KeptRequests:
         self.version = 0  # syncs seen: the prefix cache's salt
         self.lora_request = None
         # The counts `advance` reports are the samples' own, added when a sample ends (so a run's ratio pairs each
-        # prompt with its whole completion), plus contexts computed again; the engine's counters less what
-        # requests that are not kept computed (evaluations, the synchronous loop) give that second part.
-        self.ended, self.other = Counts(), Counts()
-        self.first = self.made = 0  # kept requests' first prefills, and their tokens, so far
+        # prompt with its whole completion), plus contexts computed again: the engine's prefill counter less the
+        # kept requests' first prefills (`first`) and what requests that are not kept computed (`other`:
+        # evaluations, the synchronous loop).
+        self.ended = Counts()
+        self.first = self.other = 0
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         ended = [self._add(r, sampling) for r in new]
@@ -92,7 +92,7 @@ class KeptRequests:
                 break
             self._step()
         deltas = [d for d in ended if d is not None] + self._hand_out()
-        again = vllm_counts(self.llm).prefill - self.other.prefill - self.first  # preempted, recomputed, restarted
+        again = vllm_counts(self.llm).prefill - self.other - self.first  # preempted, recomputed, restarted
         return Advanced(deltas, self.ended.prefill + max(again, 0), self.ended.generated)
 
     def generate(self, inputs: list[dict], params: list, lora_request=None) -> list:
@@ -100,31 +100,24 @@ class KeptRequests:
         what it computes is not counted as theirs."""
         if self.live:
             return self.run_beside(inputs, params)
-        before = vllm_counts(self.llm)
+        before = vllm_counts(self.llm).prefill
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)
-        self._not_kept(before, self.first, self.made)
+        self.other += vllm_counts(self.llm).prefill - before
         return outputs
 
     def run_beside(self, inputs: list[dict], params: list) -> list:
         """`LLM.generate`'s work while requests are kept: these requests to their end (their final outputs, in
         order); the kept ones advance meanwhile and keep what they produce for the next `advance`."""
         ids = [f"g{self.version}-{i}" for i in range(len(inputs))]
-        before, first, made = vllm_counts(self.llm), self.first, self.made
+        before = vllm_counts(self.llm).prefill - self.first
         for rid, inp, p in zip(ids, inputs, params):
             self.engine.add_request(rid, dict(inp, cache_salt=self._salt()), p, lora_request=self.lora_request)
         done: dict[str, object] = {}
         while len(done) < len(ids):
             for rid, out in self._step().items():
                 done[rid] = out
-        self._not_kept(before, first, made)
+        self.other += vllm_counts(self.llm).prefill - self.first - before  # (less kept requests' first prefills)
         return [done[rid] for rid in ids]
-
-    def _not_kept(self, before: Counts, first: int, made: int) -> None:
-        """Count what the engine computed since `before`, less the kept requests' first prefills and tokens since
-        (`first`, `made`), as the work of requests that are not kept."""
-        now = vllm_counts(self.llm)
-        self.other.prefill += now.prefill - before.prefill - (self.first - first)
-        self.other.generated += now.generated - before.generated - (self.made - made)
 
     def synced(self) -> None:
         """After a full-weight reload: later requests get a fresh prefix-cache salt; kept ones go on by
@@ -186,13 +179,12 @@ class KeptRequests:
                     finished[out.request_id] = out
                 continue
             c = out.outputs[0]
-            if not live.prefilled:  # its first output: the prompt has been computed
+            if live.prefill is None:  # its first output: the prompt has been computed
                 live.prefill = len(live.request.prompt_ids) - (out.num_cached_tokens or 0)
-                live.prefilled, self.first = True, self.first + live.prefill
+                self.first += live.prefill
             logps = sampled_logprobs(c.logprobs).tolist() if c.token_ids else []
             finish = ("length" if c.finish_reason == "length" else "stop") if out.finished else None
             live.take(list(c.token_ids), logps, finish)
-            self.made += len(c.token_ids)
         return finished
 
     def _hand_out(self) -> list[Delta]:
@@ -202,7 +194,7 @@ class KeptRequests:
                 out.append(live.delta)
                 if live.delta.finish is not None:
                     del self.live[rid]
-                    self.ended.prefill += live.prefill
+                    self.ended.prefill += live.prefill or 0
                     self.ended.generated += len(live.produced)
                 live.delta = None
         return out
