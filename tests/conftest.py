@@ -74,6 +74,17 @@ def child_commands(pid=None) -> list:
     return found
 
 
+def logged_rows(run_dir) -> int:
+    """How many rows the run's metrics.jsonl holds: 0 while it is not written yet or its newest line is half
+    written (a reader polling a live run sees either)."""
+    import json
+    try:
+        with open(os.path.join(str(run_dir), "metrics.jsonl"), encoding="utf-8") as f:
+            return len([json.loads(line) for line in f if line.strip()])
+    except (OSError, ValueError):
+        return 0
+
+
 def cli_in_process(*args: str, cwd: str = ROOT):
     """`rlhf.run.main(args)` in this process (no interpreter start-up, imports already warm): the return code and
     what it printed. An exception escaping main() fails the calling test, as a traceback would."""

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import ROOT, child_commands, run_cli
+from tests.conftest import ROOT, child_commands, logged_rows, run_cli
 
 PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
 
@@ -80,7 +80,7 @@ def _run_until_killed(args, out, titles: tuple[str, ...], min_rows: int, timeout
     try:
         while time.time() < deadline:
             assert proc.poll() is None, f"the run ended before the kill ({titles}): {proc.stderr.read()[-3000:]}"
-            logged = len(read_metrics(str(out))) if (out / "metrics.jsonl").is_file() else 0
+            logged = logged_rows(out)
             if logged >= min_rows and any(t in cmd for _, cmd in child_commands(proc.pid) for t in titles):
                 return
             time.sleep(0.001 if logged >= min_rows else 0.2)

@@ -5,7 +5,7 @@ from safetensors.torch import load_file
 
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import child_commands, run_cli
+from tests.conftest import child_commands, logged_rows, run_cli
 
 
 @pytest.mark.slow
@@ -62,13 +62,6 @@ def _kill_when(proc, ready, title: str, timeout_s: float = 600.0) -> None:
     raise AssertionError(f"no process titled {title!r} within {timeout_s:.0f} s")
 
 
-def _logged_steps(run_dir) -> int:
-    try:
-        return len(read_metrics(str(run_dir)))
-    except (OSError, ValueError):  # not written yet, or a line half written
-        return 0
-
-
 def _finish(proc, timeout_s: float = 600.0) -> tuple[str, str]:
     """The run's stdout and stderr, once it ended."""
     import os
@@ -88,7 +81,7 @@ def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
     could not with the weights it starts from), its generation is redone and the run finishes, counting one
     restart."""
     proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0")
-    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.generate")  # rows for steps 0-2
+    _kill_when(proc, lambda: logged_rows(tmp_path) >= 3, "VLLMEngine.generate")  # rows for steps 0-2
     out, err = _finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "rollout engine 0 died and Ray restarted it" in out, out[-3000:]
@@ -107,7 +100,7 @@ def test_a_killed_engine_under_async_rl_is_restarted_and_every_prompt_still_trai
     import json
 
     proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0", "rollout.max_staleness=1")
-    _kill_when(proc, lambda: _logged_steps(tmp_path) >= 3, "VLLMEngine.advance")
+    _kill_when(proc, lambda: logged_rows(tmp_path) >= 3, "VLLMEngine.advance")
     out, err = _finish(proc)
     assert proc.returncode == 0, err[-3000:]
     assert "rollout engine 0 died and Ray restarted it" in out, out[-3000:]
