@@ -56,3 +56,16 @@ def test_groups_with_signal_are_chosen_across_rounds_and_renumbered():
     assert set(batch.rows()) == {"input_ids", "attention_mask", "loss_mask", "rollout_logprobs"}
     assert metrics["rollout/kept_group_frac"] == 1.0 and metrics["rollout/informative_frac"] == 0.5
     assert metrics["rollout/fill_rounds"] == 2 and metrics["rollout/reward_mean"] == 0.25  # the last round's
+
+
+def test_what_every_round_cost_is_summed_over_the_rounds():
+    first, second = _round([1.0, 1.0, 0.0, 1.0], first_prompt=10), _round([0.0, 1.0, 0.0, 0.0], first_prompt=20)
+    first.metrics.update({"rollout/prefill_tokens": 30.0, "rollout/generated_tokens": 10.0,
+                          "rollout/driver_tokens": 44.0, "rollout/sync_wait_s": 0.5})
+    second.metrics.update({"rollout/prefill_tokens": 20.0, "rollout/generated_tokens": 40.0,
+                           "rollout/driver_tokens": 66.0, "rollout/prefill_per_token": 0.5})
+    _, metrics, _ = select_groups([first, second], want=2, n=2, pad_id=0)
+    assert metrics["rollout/prefill_tokens"] == 50.0 and metrics["rollout/generated_tokens"] == 50.0
+    assert metrics["rollout/driver_tokens"] == 110.0 and metrics["rollout/prefill_per_token"] == 1.0
+    assert metrics["rollout/sync_wait_s"] == 0.5  # (generating ahead, only a step's first round reports it)
+    assert "rollout/driver_cpu_s" not in metrics  # no round counted it

@@ -125,7 +125,7 @@ class RLController:
     def step(self, step: int) -> dict[str, float]:
         a = self.cfg.algorithm
         t = PhaseTimer()
-        rollout, metrics, row_ids = self._collect(step, t)  # timed as rollout + reward
+        rollout, metrics, row_ids, sampled = self._collect(step, t)  # timed as rollout + reward
         shipped = self.policy.ship(rollout.rows())  # put once: every worker call of the step passes its references
         with t("ref"):
             scores = self._token_scores(shipped)
@@ -149,7 +149,7 @@ class RLController:
             metrics["rollout/overlong_penalty_mean"] = overlong.mean().item()
         if distill is not None:  # opd: how far the student's samples are from the teacher
             metrics["rollout/teacher_kl"] = masked_mean(distill, rollout.loss_mask).item()
-        metrics.update(self.source.phase_metrics(rollout.loss_mask.sum().item(), t.times["time/rollout"]))
+        metrics.update(self.source.phase_metrics(sampled, t.times["time/rollout"]))
         self.trained_rows.write(step, row_ids)
         return {**metrics, **t.times}
 
@@ -194,8 +194,9 @@ class RLController:
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
-    def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float], list[int]]:
-        """Generate and score `prompts_per_step` groups: (their rollout, metrics, their dataset rows). Each round
+    def _collect(self, step: int, t: PhaseTimer) -> tuple[RolloutBatch, dict[str, float], list[int], float]:
+        """Generate and score `prompts_per_step` groups: (their rollout, metrics, their dataset rows, the tokens
+        sampled in all rounds, the rollout rate's numerator; the chosen groups hold only some of them). Each round
         generates `self.per_round` groups (algorithm.oversample x prompts_per_step); when that is more, or with
         algorithm.dynamic_sampling (DAPO, Yu et al. 2025: further rounds until enough groups have signal), the step
         trains on the groups whose rewards are not all equal (an all-equal group has zero advantage), topped up
@@ -206,7 +207,7 @@ class RLController:
         with self.source.engine_memory() as engines:
             if not selecting:  # the engines free the GPU for the reward and reference models as soon as they are done
                 r = self._round(step, 0, t, done_generating=engines.release)
-                return r.batch, r.metrics, r.row_ids
+                return r.batch, r.metrics, r.row_ids, r.batch.loss_mask.sum().item()
             rounds = []
             for attempt in range(self.MAX_FILL_ROUNDS if a.dynamic_sampling else 1):
                 rounds.append(self._round(step, attempt, t))
@@ -215,7 +216,7 @@ class RLController:
         # (asleep only now, not between rounds: a level-2 sleep discards the weights, and only a sync restores them)
         batch, metrics, row_ids = select_groups(rounds, want, self.cfg.rollout.n_samples, self.renderer.pad_id)
         metrics.update(self.source.trained(batch.samples, step))
-        return batch, metrics, row_ids
+        return batch, metrics, row_ids, sum(r.batch.loss_mask.sum().item() for r in rounds)
 
     def _offload_trainers(self, t: PhaseTimer) -> None:
         """trainer.offload (GPU colocation): the engines get the memory; the trainers reload on their next call."""

@@ -41,15 +41,33 @@ def teacher_kl(rollout: RolloutBatch, scores: TokenScores) -> Optional[torch.Ten
     return (rollout.rollout_logprobs - scores.teacher_logprobs) * rollout.loss_mask
 
 
+COUNTS = ("rollout/driver_tokens", "rollout/driver_cpu_s", "rollout/prefill_tokens", "rollout/generated_tokens")
+
+
+def merged_metrics(rounds: list[Round]) -> dict:
+    """A step's metrics over its rounds: what the engines and the driver computed (COUNTS) summed, since every
+    round's generation was paid for; everything else the newest round's that has it."""
+    out: dict = {}
+    for r in rounds:
+        out.update(r.metrics)
+    for key in COUNTS:
+        counts = [r.metrics[key] for r in rounds if key in r.metrics]
+        if counts:
+            out[key] = sum(counts)
+    if "rollout/generated_tokens" in out and "rollout/prefill_tokens" in out:
+        out["rollout/prefill_per_token"] = out["rollout/prefill_tokens"] / max(out["rollout/generated_tokens"], 1)
+    return out
+
+
 def select_groups(rounds: list[Round], want: int, n: int, pad_id: int) -> tuple[RolloutBatch, dict, list[int]]:
     """The first `want` groups with signal across the rounds (n samples a group), topped up with all-equal ones:
-    (their rollout, the metrics: the last round's with the selection's, their dataset rows)."""
+    (their rollout, the metrics: merged_metrics' with the selection's, their dataset rows)."""
     groups = [r.batch.samples[g * n:(g + 1) * n] for r in rounds for g in range(len(r.batch.samples) // n)]
     signal = torch.cat([r.signal for r in rounds])
     chosen = choose_groups(signal, want).tolist()
     samples = [replace(s, prompt_index=i) for i, g in enumerate(chosen) for s in groups[g]]
     rewards = torch.cat([r.batch.rewards.view(-1, n) for r in rounds])[chosen].flatten()
-    metrics = {**rounds[-1].metrics, "rollout/kept_group_frac": min(int(signal.sum()), want) / want,
+    metrics = {**merged_metrics(rounds), "rollout/kept_group_frac": min(int(signal.sum()), want) / want,
                "rollout/informative_frac": signal.float().mean().item(), "rollout/fill_rounds": len(rounds)}
     row_ids = [i for r in rounds for i in r.row_ids]
     return RolloutBatch.of(samples, rewards, pad_id), metrics, [row_ids[g] for g in chosen]

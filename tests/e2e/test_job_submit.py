@@ -16,7 +16,8 @@ OVERSAMPLED = ["algorithm.dynamic_sampling=true", "algorithm.oversample=1.5",
 
 def check_oversampled_run(out, stdout: str) -> None:
     """48 prompts a round (oversample 1.5) for 32 groups a step, further rounds while fewer than 32 have signal;
-    the start-up breakdown logged with step 0 and printed; every weight sync verified through vLLM's worker."""
+    the start-up breakdown logged with step 0 and printed; every weight sync verified through vLLM's worker; the
+    rollout's tokens counted over all its rounds."""
     assert "weight sync: broadcast" in stdout
     first, *rows = read_metrics(str(out))
     launch = first["time/start_since_launch"]
@@ -27,6 +28,8 @@ def check_oversampled_run(out, stdout: str) -> None:
         generated = 48 * r["rollout/fill_rounds"]  # every group with signal is kept, up to 32
         assert r["rollout/kept_group_frac"] == pytest.approx(min(1.0, r["rollout/informative_frac"] * generated / 32))
         assert r["rollout/logprob_diff"] < 1e-3
+        # every round's generation is counted, in the rate and by the engines, not only the trained groups'
+        assert r["perf/rollout_tokens_per_s"] * r["time/rollout"] == pytest.approx(r["rollout/generated_tokens"])
         assert r["rollout/sync_verified_tensors"] > 10  # every sync checked, each tensor of the model
 
 
