@@ -77,10 +77,9 @@ def child_commands(pid=None) -> list:
 def logged_rows(run_dir) -> int:
     """How many rows the run's metrics.jsonl holds: 0 while it is not written yet or its newest line is half
     written (a reader polling a live run sees either)."""
-    import json
+    from rlhf.outputs.metrics import read_metrics
     try:
-        with open(os.path.join(str(run_dir), "metrics.jsonl"), encoding="utf-8") as f:
-            return len([json.loads(line) for line in f if line.strip()])
+        return len(read_metrics(str(run_dir)))
     except (OSError, ValueError):
         return 0
 
