@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 
@@ -53,6 +54,17 @@ def run_stage(recipe: str, seed: int, stage: str, config: str, overrides: list[s
                 peak_gib=None if peak is None else peak / 2**30, extra=extra)
 
 
+def drop_weights(out: str, last: bool) -> None:
+    """A finished run's resume checkpoints (a few GiB each for these models) are never read again, nor is the
+    last stage's model: left in place, a 3-seed sweep of two settings filled 50 GiB of a disk shared with CI.
+    A first stage's final model stays: the next stage starts from it."""
+    shutil.rmtree(os.path.join(out, "checkpoints"), ignore_errors=True)
+    if last:
+        for name in os.listdir(os.path.join(out, "final")):
+            if name.endswith((".safetensors", ".bin")):
+                os.remove(os.path.join(out, "final", name))
+
+
 def recorded() -> set[str]:
     return {json.loads(line)["out"] for line in open(RESULTS)} if os.path.exists(RESULTS) else set()
 
@@ -84,6 +96,7 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override of the last stage's recipe (its run folder is named by it)")
     p.add_argument("--report", action="store_true")
+    p.add_argument("--keep", action="store_true", help="keep each run's checkpoints and last-stage weights")
     args = p.parse_args()
     if not args.report:
         os.makedirs(CACHE, exist_ok=True)
@@ -98,6 +111,8 @@ def main() -> int:
                     if result["out"] not in recorded():
                         with open(RESULTS, "a") as f:
                             f.write(json.dumps(result) + "\n")
+                    if not args.keep:
+                        drop_weights(result["out"], last)
                     prev = result["out"]
     report()
     return 0
