@@ -4,6 +4,7 @@ workers' DeepSpeed states (model, optimizer, scheduler per rank), a Hugging Face
 state (step, data-loader position)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -12,6 +13,9 @@ import time
 from typing import Optional
 
 MARKER = "COMPLETE"
+# what a full disk says: the OS's words, and torch's writer's own for a short write (it keeps no errno)
+FULL_DISK_TEXT = ("No space left on device", "Disk quota exceeded", "file write failed", "unexpected pos")
+LOW_SPACE = 64 * 2**20
 
 
 def root(output_dir: str) -> str:
@@ -35,9 +39,14 @@ def latest(output_dir: str) -> Optional[str]:
     return found[0] if found else None
 
 
+def tmp_folder(output_dir: str, step: int) -> str:
+    """Where step `step` is written before commit renames it into place."""
+    return os.path.join(root(output_dir), f".tmp_step_{step:06d}")
+
+
 def begin(output_dir: str, step: int) -> str:
     """A fresh temp folder to write step `step` into (any leftover from a crash is discarded)."""
-    tmp = os.path.join(root(output_dir), f".tmp_step_{step:06d}")
+    tmp = tmp_folder(output_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     return tmp
@@ -133,3 +142,28 @@ def truncate_metrics(output_dir: str, last_step: int, name: str = "metrics.jsonl
                     break  # a line cut by the kill: everything after it is newer anyway
             keep += len(line)
     os.truncate(path, keep)
+
+
+def free_bytes(folder: str) -> int:
+    """Bytes free on the disk holding `folder` (or its nearest existing parent)."""
+    while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return shutil.disk_usage(folder).free
+
+
+def size_text(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def out_of_space(error: BaseException, folder: str) -> bool:
+    """Whether `error`, raised while writing under `folder`, is the disk filling up: ENOSPC or EDQUOT anywhere in its
+    chain (a Ray task error's `cause` too), a full disk's words in its message (a Ray worker's error reaches the
+    driver as text), or under LOW_SPACE left on that disk now."""
+    seen: Optional[BaseException] = error
+    for _ in range(16):  # a chain can loop back on itself
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = getattr(seen, "cause", None) or seen.__cause__ or seen.__context__
+    return any(text in str(error) for text in FULL_DISK_TEXT) or free_bytes(folder) < LOW_SPACE

@@ -4,7 +4,9 @@ the end, log every step, stop after `trainer.max_bad_steps` bad steps (`BadStepG
 and its state (`Stage`): the RL controller is one, `TrainerStage` wraps the in-process sft/dpo/rm stages."""
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
 import time
 from typing import Callable, Iterator, Optional, Protocol
@@ -195,18 +197,43 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         logger.log(step, row)
         guard.check(step, resume_from)
         if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-            tmp = checkpoint.begin(cfg.output_dir, step)
-            with logger.phase(f"saving checkpoint {step}"):
-                stage.save(tmp)
-            resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
-                "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
-                cfg.checkpoint.keep_last)
+            tmp = checkpoint.tmp_folder(cfg.output_dir, step)
+            with stopped_if_disk_full(cfg.output_dir, f"saving checkpoint {step}", resume_from, tmp), \
+                    logger.phase(f"saving checkpoint {step}"):
+                stage.save(checkpoint.begin(cfg.output_dir, step))
+                resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
+                    "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
+                    cfg.checkpoint.keep_last)
     out = os.path.join(cfg.output_dir, "final")
-    with logger.phase("saving the final model"):
+    with stopped_if_disk_full(cfg.output_dir, f"saving the final model to {out}", resume_from), \
+            logger.phase("saving the final model"):
         stage.save_final(out)
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
     return next((r for r in rows if headline in r), {}), row
+
+
+@contextlib.contextmanager
+def stopped_if_disk_full(output_dir: str, what: str, last_checkpoint: Optional[str], partial: Optional[str] = None):
+    """A write that fills the disk (checkpoint.out_of_space) stops the run with TrainingStopped saying so, after
+    deleting the temp folder `partial` it left half-written (a checkpoint's; the final model's folder is never
+    deleted: it may hold a user's earlier files); any other error passes through. Without this a full disk ended a
+    run with a traceback from inside torch or a worker, its partial checkpoint still taking the space."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 — only a full disk is handled; everything else is re-raised
+        if not checkpoint.out_of_space(e, output_dir):
+            raise
+        if partial:
+            shutil.rmtree(partial, ignore_errors=True)
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        where = (f"The last checkpoint, {last_checkpoint}, is intact: rerun the same command to resume from it"
+                 if last_checkpoint else "No checkpoint was written yet: a rerun starts over")
+        deleted = "Its partial files were deleted; " if partial else ""
+        raise TrainingStopped(
+            f"the disk holding {output_dir} is full: {what} failed ({cause}). {deleted}"
+            f"{checkpoint.size_text(checkpoint.free_bytes(output_dir))} is free now. {where} once there is room (free "
+            "space, keep fewer checkpoints with checkpoint.keep_last, or point output_dir at another disk).") from None
 
 
 class TrainerStage:
