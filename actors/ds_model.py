@@ -101,6 +101,11 @@ class DSModel:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=config)
         self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
+        # LoRA: the frozen base is the model folder, built again at every start, so checkpoints leave it out
+        # (a full copy of a 7B base in each one, for an adapter of a few MB)
+        self.frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        if self.frozen:
+            self.engine.module_state_dict = self._trained_state
         self.device, self.offloaded = self.engine.device, False
         self.engine.train()  # from_pretrained leaves eval mode, in which gradient checkpointing is off
         fresh_adam(optimizer)
@@ -324,14 +329,33 @@ class DSModel:
     def save_checkpoint(self, path: str, tag: str) -> None:
         """Model, optimizer, scheduler and this rank's RNG (collective: every rank calls it)."""
         self.resident()
-        self.engine.save_checkpoint(path, tag=tag, client_state={"torch_rng": torch.get_rng_state()})
+        self.engine.save_checkpoint(path, tag=tag, client_state={"torch_rng": torch.get_rng_state()},
+                                    exclude_frozen_parameters=bool(self.frozen))
 
     def load_checkpoint(self, path: str, tag: str) -> None:
         self.resident()
         _, client = self.engine.load_checkpoint(path, tag=tag, load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
+                                                load_lr_scheduler_states=True,
+                                                custom_load_fn=self._load_trained if self.frozen else None)
         if client and "torch_rng" in client:
             torch.set_rng_state(client["torch_rng"])
+
+    def _trained_state(self, *args, exclude_frozen_parameters: bool = False, **kwargs) -> dict:
+        """DeepSpeed's module state, less every frozen tensor when asked: DeepSpeed's own exclusion misses a tied
+        head's second name, an embedding-sized copy in every LoRA checkpoint of a tied model."""
+        state = type(self.engine).module_state_dict(self.engine, *args, **kwargs)
+        for name in self.frozen if exclude_frozen_parameters else ():
+            state.pop(name, None)
+        return state
+
+    def _load_trained(self, src: dict, dst: torch.nn.Module) -> None:
+        """A checkpoint's module state without the frozen base into `dst`: strict about everything else, so a
+        checkpoint of another model still fails to load."""
+        result = dst.load_state_dict(src, strict=False)
+        missing = sorted(set(result.missing_keys) - self.frozen)
+        if missing or result.unexpected_keys:
+            raise RuntimeError(f"the checkpoint's module state does not fit this model: missing {missing[:4]}, "
+                               f"unexpected {sorted(result.unexpected_keys)[:4]}")
 
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
         """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.

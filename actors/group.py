@@ -90,8 +90,8 @@ class ActorGroup:
         """Full weights through the driver (tests and small models; syncs use send_weights)."""
         return self._all(lambda a: a.export_weights.remote())[0]
 
-    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
-        self._all(lambda a: a.save_hf.remote(out_dir, tokenizer_path))
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, merged: bool = True) -> None:
+        self._all(lambda a: a.save_hf.remote(out_dir, tokenizer_path, merged))
 
     def save_checkpoint(self, path: str) -> None:
         self._all(lambda a: a.save_checkpoint.remote(path))

@@ -173,16 +173,20 @@ class PolicyTrainer:
         with self.model.disable_adapter():
             return self.ds.inference(batch, self._tempered_logprobs)
 
-    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, merged: bool = True) -> None:
         """Full weights as a Hugging Face folder; with LoRA the merged model there, and the adapter in PEFT format
-        in `<out_dir>_adapter`. Every rank calls it (ZeRO-3 gathers are collective); rank 0 writes."""
+        in `<out_dir>_adapter`; `merged=False` (a checkpoint's copy) writes the adapter alone. Every rank calls it
+        (ZeRO-3 gathers are collective); rank 0 writes."""
         if self.lora is None:
             return self.ds.save_hf(out_dir, tokenizer_path)
         adapter = self._adapter_state()
         if self.rank != 0:
-            drain(self.iter_weights())
+            if merged:
+                drain(self.iter_weights())
             return
         self.model.save_pretrained(out_dir.rstrip("/") + "_adapter", state_dict=adapter)
+        if not merged:
+            return
         self.model.get_base_model().save_pretrained(out_dir, state_dict=dict(self.iter_weights()),
                                                     safe_serialization=True)
         if tokenizer_path is not None:

@@ -70,7 +70,8 @@ class RewardModel:
         metrics["train/loss"] = metrics.pop("loss")
         return metrics
 
-    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, merged: bool = True) -> None:
+        """The full model (`merged` is the policy's LoRA switch: a reward model has no adapter)."""
         self.ds.save_hf(out_dir, tokenizer_path)
 
     def save_checkpoint(self, path: str) -> None:

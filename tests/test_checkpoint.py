@@ -69,6 +69,28 @@ def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path)
         resume_point(_cfg(out, "trainer.lr=0.001", "stage=dpo"))
 
 
+def test_a_lora_checkpoint_is_refused_when_its_base_model_changed_and_older_checkpoints_resume(tmp_path):
+    """A LoRA checkpoint holds the adapter alone, so its run identity covers model.path's files; a checkpoint
+    written before that (no `base`) still resumes."""
+    import pytest
+    from common.errors import UserError
+    from rlhf.outputs.run_identity import identity
+    from rlhf.stages.loop import resume_point
+    out, base = str(tmp_path / "run"), tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"w" * 4096)
+    lora = [f"model.path={base}", "model.lora.rank=8"]
+    run = identity(_cfg(out, *lora))
+    assert set(run["base"]) == {str(base)}
+    _commit(out, 3, {k: v for k, v in run.items() if k != "base"})
+    assert resume_point(_cfg(out, *lora))[1]["step"] == 3
+    _commit(out, 4, run)
+    (base / "model.safetensors").write_bytes(b"v" * 4096)
+    with pytest.raises(UserError, match=f"model.path {base}: its files changed"):
+        resume_point(_cfg(out, *lora))
+    assert "base" not in identity(_cfg(out, f"model.path={base}"))  # full fine-tuning saves every weight
+
+
 def test_resume_false_moves_the_earlier_run_aside_and_pruning_stays_within_a_run(tmp_path):
     from rlhf.stages.loop import resume_point
     out = str(tmp_path)

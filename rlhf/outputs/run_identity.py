@@ -55,12 +55,17 @@ def file_fingerprint(path: str) -> str:
 
 
 def identity(cfg) -> dict:
-    """The run's stage, its training-relevant config (flattened, JSON values) and its data files' fingerprints."""
+    """The run's stage, its training-relevant config (flattened, JSON values) and its data files' fingerprints;
+    with LoRA also the base model folder's (`base`): a LoRA checkpoint holds the adapter, and a resume reads the
+    base from model.path again."""
     from omegaconf import OmegaConf
 
     flat = _flat(json.loads(json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)))))
     data = {p: file_fingerprint(p) for p in (cfg.data.train_path, cfg.data.eval_path) if p and os.path.exists(p)}
-    return {"stage": cfg.stage, "config": {k: v for k, v in flat.items() if not may_change(k)}, "data": data}
+    found = {"stage": cfg.stage, "config": {k: v for k, v in flat.items() if not may_change(k)}, "data": data}
+    if cfg.model.lora.rank and cfg.model.path and os.path.isdir(cfg.model.path):
+        found["base"] = {cfg.model.path: file_fingerprint(cfg.model.path)}
+    return found
 
 
 def differences(saved: dict, now: dict) -> list[str]:
@@ -71,6 +76,9 @@ def differences(saved: dict, now: dict) -> list[str]:
             for k in sorted(set(old) | set(new)) if not may_change(k) and old.get(k) != new.get(k)]
     out += [f"data file {p}: its contents changed" for p in sorted(set(saved["data"]) & set(now["data"]))
             if saved["data"][p] != now["data"][p]]
+    old_base, new_base = saved.get("base", {}), now.get("base", {})  # (checkpoints before it: none to compare)
+    out += [f"model.path {p}: its files changed (a LoRA checkpoint holds the adapter; the base is read from here)"
+            for p in sorted(set(old_base) & set(new_base)) if old_base[p] != new_base[p]]
     return out
 
 

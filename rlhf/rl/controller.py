@@ -320,7 +320,8 @@ class RLController:
         self.policy.save_checkpoint(folder)
         if self.critic is not None:
             self.critic.save_checkpoint(folder)
-        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.tokenizer_path)
+        # with LoRA, the adapter's copy alone (policy_hf_adapter/): the base is model.path
+        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.tokenizer_path, merged=False)
 
     def driver_state(self) -> dict:
         """The data position; generating ahead, also the prompts in flight with their tokens at the last sync."""

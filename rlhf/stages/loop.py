@@ -25,7 +25,7 @@ class Checkpointable(Protocol):
 
     def load_checkpoint(self, path: str) -> None: ...
 
-    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None: ...
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, merged: bool = True) -> None: ...
 
 
 class BadStepGuard:
@@ -250,8 +250,8 @@ class TrainerStage:
         return {}
 
     def save(self, folder: str) -> None:
-        self.trainer.save_checkpoint(folder)
-        self.trainer.save_hf(os.path.join(folder, "model_hf"), self.model_path)
+        self.trainer.save_checkpoint(folder)  # with LoRA, the adapter's copy alone: the base is model.path
+        self.trainer.save_hf(os.path.join(folder, "model_hf"), self.model_path, merged=False)
 
     def driver_state(self) -> dict:
         return {"data": self.data.state()}

@@ -4,6 +4,7 @@ steps. Its chat template (default system prompt), tokenizer and eos come from th
 engine must agree on the log-probs before and after a weight sync."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,6 +71,7 @@ def test_grpo_on_smollm2_syncs_weights_the_engine_agrees_with(smollm2_dir, tmp_p
             safe_open(str(out / "final" / "model.safetensors"), "pt") as b:
         name = "model.layers.0.mlp.down_proj.weight"
         assert (a.get_tensor(name) - b.get_tensor(name)).abs().max() > 0  # trained weights were saved
+    shutil.rmtree(out / "checkpoints")  # 2 GiB of optimizer state nothing reads: CI's disk is shared
 
 
 def _conversation(completion: str, opening: str, secret: int, high: int) -> list[dict]:
@@ -96,6 +98,7 @@ def test_lora_adapter_sync_and_guessing_game_on_smollm2(smollm2_dir, tmp_path):
     """The LoRA recipe's adapter sync and the multi-turn guessing game, both on the real model in one short run:
     trajectories are the checkpoint's own chat rendering of the game (default system prompt included), the engine
     samples with the synced adapter, and the KL reference is the base with the adapter disabled."""
+    import torch
     from omegaconf import OmegaConf
     from transformers import AutoTokenizer
 
@@ -128,3 +131,8 @@ def test_lora_adapter_sync_and_guessing_game_on_smollm2(smollm2_dir, tmp_path):
         rendered = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False) + last
         assert rendered == d["prompt"] + d["completion"]
         assert d["prompt"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    # a checkpoint keeps the adapter and its optimizer state, not the base (model.path): 1.1 GiB here before
+    ckpt = out / "checkpoints" / "step_000002"
+    assert sorted(os.listdir(ckpt)) == ["COMPLETE", "driver.json", "latest", "policy", "policy_hf_adapter"]
+    states = torch.load(ckpt / "policy" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    assert states and all(".lora_" in name for name in states), sorted(states)[:4]

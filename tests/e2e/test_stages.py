@@ -58,15 +58,24 @@ def test_ppo_with_critic_against_the_reward_model(sft_model, reward_model, tmp_p
 
 
 @pytest.mark.slow
-def test_grpo_lora_syncs_only_the_adapter(sft_model, tmp_path):
-    res = run_cli("--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
-                  "trainer.max_steps=3", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
-                  "trainer.lr=1e-2", "rollout.lora_sync=adapter",
-                  "placement.mode=hybrid", timeout=900)  # the adapter handed to the engine in the rank's process
+def test_grpo_lora_syncs_only_the_adapter_and_resumes_from_a_checkpoint_without_the_base(sft_model, tmp_path):
+    args = ["--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
+            "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16", "trainer.lr=1e-2",
+            "rollout.lora_sync=adapter", "placement.mode=hybrid"]  # the adapter handed to the engine in the rank
+    res = run_cli(*args, "trainer.max_steps=3", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path))[1:]
     assert all(r["rollout/logprob_diff"] < 1e-3 for r in rows)  # the engine generated with the synced adapter
     assert rows[-1]["rollout/kl"] > 0  # the adapter moved away from the base (the reference)
     assert os.path.isfile(tmp_path / "final_adapter" / "adapter_model.safetensors")
+    assert sorted(os.listdir(tmp_path / "checkpoints" / "step_000003")) == [
+        "COMPLETE", "driver.json", "latest", "policy", "policy_hf_adapter"]  # no merged copy of the base
+    # one more step from that checkpoint: the base read from model.path again, the adapter and its moments restored
+    res = run_cli(*args, "trainer.max_steps=4", timeout=900)
+    assert res.returncode == 0 and "resumed from" in res.stdout + res.stderr, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[-1]["rollout/kl"] > 0  # the restored adapter is the trained one, not a fresh zero one
+    assert rows[-1]["rollout/logprob_diff"] < 1e-3  # and the engine samples with it
 
 
