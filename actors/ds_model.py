@@ -58,6 +58,12 @@ def warmup_lambda(warmup_steps: int):
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
+def save_tokenizer(source: str, out_dir: str, trust_remote_code: bool) -> None:
+    """`source`'s tokenizer into the model folder `out_dir`."""
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code).save_pretrained(out_dir)
+
+
 class PackedOutput:
     """A packed forward's output as the losses read it: `.logits` (B, W, ...) in the padded layout."""
 
@@ -357,9 +363,10 @@ class DSModel:
             raise RuntimeError(f"the checkpoint's module state does not fit this model: missing {missing[:4]}, "
                                f"unexpected {sorted(result.unexpected_keys)[:4]}")
 
-    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None) -> None:
-        """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`.
-        Rank 0 writes; under ZeRO-3 every rank must call this (the gather is collective)."""
+    def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, trust_remote_code: bool = False) -> None:
+        """Save the full model as a Hugging Face folder (safetensors), plus the tokenizer from `tokenizer_path`
+        (one with its own code loads only under `trust_remote_code`, model.trust_remote_code). Rank 0 writes; under
+        ZeRO-3 every rank must call this (the gather is collective)."""
         self.resident()
         if self.cfg.zero_stage == 3:
             state = self.engine._zero3_consolidated_16bit_state_dict()
@@ -369,5 +376,4 @@ class DSModel:
             os.makedirs(out_dir, exist_ok=True)
             self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
             if tokenizer_path is not None:
-                from transformers import AutoTokenizer
-                AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+                save_tokenizer(tokenizer_path, out_dir, trust_remote_code)

@@ -12,7 +12,7 @@ from typing import Iterator, Optional
 import torch
 
 from actors.dist import releases_gpu_cache
-from actors.ds_model import DSModel
+from actors.ds_model import DSModel, save_tokenizer
 from actors.logits import shifted_logprobs, shifted_logprobs_entropy
 from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss
@@ -69,6 +69,7 @@ class PolicyTrainer:
         self.ds = DSModel(build, tr, dtype, rank, world_size, master_addr, master_port, seed, checkpoint=model_path,
                           defer_head=tr.chunked_logprobs)
         self.rank, self.cfg, self.temperature = rank, tr, logprob_temperature
+        self.trust_remote_code = trust_remote_code
         self.export_dtype = DTYPES[dtype]  # the engines' (model.dtype), whatever the trainer's weights are in
 
     @property
@@ -178,7 +179,7 @@ class PolicyTrainer:
         in `<out_dir>_adapter`; `merged=False` (a checkpoint's copy) writes the adapter alone. Every rank calls it
         (ZeRO-3 gathers are collective); rank 0 writes."""
         if self.lora is None:
-            return self.ds.save_hf(out_dir, tokenizer_path)
+            return self.ds.save_hf(out_dir, tokenizer_path, self.trust_remote_code)
         adapter = self._adapter_state()
         if self.rank != 0:
             if merged:
@@ -190,8 +191,7 @@ class PolicyTrainer:
         self.model.get_base_model().save_pretrained(out_dir, state_dict=dict(self.iter_weights()),
                                                     safe_serialization=True)
         if tokenizer_path is not None:
-            from transformers import AutoTokenizer
-            AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+            save_tokenizer(tokenizer_path, out_dir, self.trust_remote_code)
 
     # ---- weight export for sync ----
     def export_adapter(self) -> dict[str, bytes]:

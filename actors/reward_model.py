@@ -34,6 +34,7 @@ class RewardModel:
         Scoring runs `micro_batch_size` rows at a time, or as many as fit `max_tokens_per_micro_batch` padded
         tokens."""
         self.ds, self.micro_batch_size, self.max_tokens = None, micro_batch_size, max_tokens_per_micro_batch
+        self.trust_remote_code = trust_remote_code
         if tr is not None:
             held = weights_dtype(precision_of(tr.precision, dtype))
             self.ds = DSModel(lambda: _load(model_path, held, trust_remote_code), tr, dtype, rank, world_size,
@@ -72,7 +73,7 @@ class RewardModel:
 
     def save_hf(self, out_dir: str, tokenizer_path: Optional[str] = None, merged: bool = True) -> None:
         """The full model (`merged` is the policy's LoRA switch: a reward model has no adapter)."""
-        self.ds.save_hf(out_dir, tokenizer_path)
+        self.ds.save_hf(out_dir, tokenizer_path, self.trust_remote_code)
 
     def save_checkpoint(self, path: str) -> None:
         self.ds.save_checkpoint(path, "reward_model")

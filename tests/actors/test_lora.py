@@ -56,12 +56,14 @@ def test_lora_trains_adapter_only_and_reference_is_the_base(tiny_model_dir, tmp_
 
 
 @pytest.mark.slow
-def test_a_lora_checkpoint_holds_the_adapter_alone_and_resumes_into_a_fresh_trainer(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16-true"])  # bf16-true: fp32 masters in DeepSpeed's optimizer
+def test_a_lora_checkpoint_holds_the_adapter_alone_and_resumes_into_a_fresh_trainer(tiny_model_dir, tmp_path,
+                                                                                     precision):
     """The frozen base is model.path, so a checkpoint leaves it out (module state and Hugging Face copy); a new
     trainer built on the base and loaded from it trains the next step exactly as the one that wrote it; a checkpoint
     of another adapter (other target modules) does not load."""
     batches = sft_batches(tiny_model_dir, steps=3)
-    tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=8, warmup_steps=0)
+    tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=8, warmup_steps=0, precision=precision)
     lora, ckpt = LoraConfig(rank=4, alpha=8), str(tmp_path / "ckpt")
     trainer = PolicyTrainer(tiny_model_dir, tr, lora=lora)
     for b in batches[:2]:
