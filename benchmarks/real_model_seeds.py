@@ -28,6 +28,8 @@ RECIPES = {
     # full fine-tuning of every weight: SmolLM2's full-FT precision and examples/gpu's Qwen2.5-0.5B rate
     "qwen-full": [("grpo", QWEN, ["model.lora.rank=0", "trainer.lr=1.0e-6", "trainer.precision=bf16-true",
                                   "algorithm.kl_coef=0.0"])],
+    # the default example's recipe (make run: --steps 16)
+    "smollm2": [("grpo", "examples/smollm2_math_grpo.yaml", [])],
     # SmolLM2 answering through the OpenAI-compatible endpoint (agent.fn), docs/agents.md
     "smollm2-agent": [("grpo", "examples/smollm2_math_agent.yaml", [])],
 }
