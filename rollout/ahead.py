@@ -94,6 +94,11 @@ def staleness_metrics(samples: list[Sample], trainer_version: int) -> dict[str, 
             "rollout/versions_per_sample": float(spans.mean()), "rollout/interrupted_frac": float((spans > 1).mean())}
 
 
+def prefill_per_token(prefill: float, generated: float) -> float:
+    """Context tokens the engines computed per token they generated."""
+    return prefill / max(generated, 1)
+
+
 class DriverStats:
     """What generating a step cost the driver and the engines, accumulated as calls come back and read (then reset)
     once a step: `rollout/driver_tokens` (token ids the driver sent to and received from the engines),
@@ -134,7 +139,7 @@ class DriverStats:
 
     def read(self, ahead: bool = True) -> dict[str, float]:
         """The metrics since the last read (`ahead` false: the synchronous loop's, which has no thread or pause)."""
-        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": self.prefill / max(self.generated, 1),
+        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": prefill_per_token(self.prefill, self.generated),
                "rollout/prefill_tokens": self.prefill, "rollout/generated_tokens": self.generated}
         if ahead:
             out.update({"rollout/driver_cpu_s": self.cpu, "rollout/sync_wait_s": self.sync_wait,

@@ -43,14 +43,21 @@ class CountingStage:
         os.makedirs(out, exist_ok=True)
 
 
+def run_loop(tmp_path, stage, *overrides, steps=5):
+    """`drive` over `steps` steps of `stage` into tmp_path, resuming what is there as a rerun does."""
+    cfg = load_config(os.path.join(ROOT, "examples", "sort_grpo.yaml"),
+                      [f"output_dir={tmp_path}", f"trainer.max_steps={steps}", *overrides])
+    logger = MetricsLogger(str(tmp_path), LoggingConfig(tensorboard=False), steps, "", desc="test")
+    try:
+        return drive(cfg, stage, "grpo", "eval/accuracy", logger, *resume_point(cfg))
+    finally:
+        logger.close()
+
+
 @pytest.mark.parametrize("every,evaluated_at", [(2, [0, 2, 4, 5]), (0, [0, 5]), (-1, [])])
 def test_eval_every_chooses_the_evaluated_steps_and_minus_one_never_evaluates(tmp_path, capsys, every, evaluated_at):
-    cfg = load_config(os.path.join(ROOT, "examples", "sort_grpo.yaml"),
-                      [f"output_dir={tmp_path}", "trainer.max_steps=5", f"eval.every={every}", "checkpoint.every=0"])
     stage = CountingStage()
-    logger = MetricsLogger(str(tmp_path), LoggingConfig(tensorboard=False), 5, "", desc="test")
-    first, last = drive(cfg, stage, "grpo", "eval/accuracy", logger, None, None)
-    logger.close()
+    first, last = run_loop(tmp_path, stage, f"eval.every={every}", "checkpoint.every=0")
     rows = read_metrics(str(tmp_path))
     assert stage.steps == [1, 2, 3, 4, 5] and [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [r["step"] for r in rows if "eval/accuracy" in r] == evaluated_at
@@ -83,14 +90,8 @@ class FillingStage(CountingStage):
             raise self.error
 
 
-def drive_until_stopped(tmp_path, stage, steps=5):
-    cfg = load_config(os.path.join(ROOT, "examples", "sort_grpo.yaml"),
-                      [f"output_dir={tmp_path}", f"trainer.max_steps={steps}", "eval.every=0", "checkpoint.every=2"])
-    logger = MetricsLogger(str(tmp_path), LoggingConfig(tensorboard=False), steps, "", desc="test")
-    try:
-        return drive(cfg, stage, "grpo", "eval/accuracy", logger, *resume_point(cfg))
-    finally:
-        logger.close()
+def drive_until_stopped(tmp_path, stage):
+    return run_loop(tmp_path, stage, "eval.every=0", "checkpoint.every=2")
 
 
 # as a GRPO run's trainer reported a full 45 MiB tmpfs

@@ -11,6 +11,7 @@ import torch
 from algorithms.advantages import choose_groups, informative_groups
 from algorithms.common import masked_mean
 from common.batch import RolloutBatch
+from rollout.ahead import prefill_per_token
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ def merged_metrics(rounds: list[Round]) -> dict:
         if counts:
             out[key] = sum(counts)
     if "rollout/generated_tokens" in out and "rollout/prefill_tokens" in out:
-        out["rollout/prefill_per_token"] = out["rollout/prefill_tokens"] / max(out["rollout/generated_tokens"], 1)
+        out["rollout/prefill_per_token"] = prefill_per_token(out["rollout/prefill_tokens"],
+                                                             out["rollout/generated_tokens"])
     return out
 
 

@@ -121,6 +121,7 @@ def resume_point(cfg: RunConfig) -> tuple[Optional[str], Optional[dict]]:
 def resumable(cfg: RunConfig, older_than: Optional[int] = None) -> Iterator[tuple[str, dict]]:
     """(folder, driver state) of each complete checkpoint of this run whose driver state reads back whole, newest
     first (only those before step `older_than`, if given); the others are named as they are passed over."""
+    now = None
     for path in checkpoint.complete(cfg.output_dir):
         try:
             state = checkpoint.load_driver_state(path)
@@ -130,7 +131,8 @@ def resumable(cfg: RunConfig, older_than: Optional[int] = None) -> Iterator[tupl
         if older_than is not None and state["step"] >= older_than:
             continue
         if "run" in state:  # (checkpoints of earlier versions carry none)
-            check_same_run(path, state["run"], identity(cfg), cfg.output_dir)
+            now = now or identity(cfg)  # (it reads the data files, and with LoRA the model's: once)
+            check_same_run(path, state["run"], now, cfg.output_dir)
         yield path, state
 
 

@@ -131,7 +131,7 @@ def test_lora_adapter_sync_and_guessing_game_on_smollm2(smollm2_dir, tmp_path):
         rendered = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=False) + last
         assert rendered == d["prompt"] + d["completion"]
         assert d["prompt"].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
-    # a checkpoint keeps the adapter and its optimizer state, not the base (model.path): 1.1 GiB here before
+    # a checkpoint keeps the adapter and its optimizer state, not the base (model.path)
     ckpt = out / "checkpoints" / "step_000002"
     assert sorted(os.listdir(ckpt)) == ["COMPLETE", "driver.json", "latest", "policy", "policy_hf_adapter"]
     states = torch.load(ckpt / "policy" / "mp_rank_00_model_states.pt", weights_only=False)["module"]
