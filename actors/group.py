@@ -83,6 +83,9 @@ class ActorGroup:
     def export_adapter(self) -> dict[str, bytes]:
         return self._all(lambda a: a.export_adapter.remote())[0]
 
+    def matmul_dtypes(self) -> list[str]:
+        return self._all(lambda a: a.matmul_dtype.remote())
+
     def weight_specs(self) -> list:
         return self._wait([self.actors[0].weight_specs.remote()])[0]
 

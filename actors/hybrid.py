@@ -43,6 +43,9 @@ class HybridWorker(PolicyTrainer):
     def process_ids(self) -> list[int]:
         return self.engine.process_ids()
 
+    def weights_dtype(self) -> str:
+        return self.engine.weights_dtype()
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

@@ -168,6 +168,11 @@ class PolicyTrainer:
     def offload(self) -> None:
         self.ds.offload()
 
+    def matmul_dtype(self) -> str:
+        """The dtype this rank's matmuls run in: its weights', or bf16 under bf16-mixed's autocast."""
+        dtype = torch.bfloat16 if self.ds.precision == "bf16-mixed" else next(self.model.parameters()).dtype
+        return str(dtype).removeprefix("torch.")
+
     @releases_gpu_cache
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """LoRA only: the reference policy is this model with its adapter disabled."""

@@ -13,6 +13,7 @@ import threading
 
 from common.errors import TrainingStopped, UserError
 from rlhf.config import RunConfig, load_config, to_yaml
+from rlhf.config.resolve import precision_facts
 
 
 def _stage_runner(stage: str):
@@ -56,9 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.stage == "rl":  # what the config alone cannot say: the user's code loads, the host can run it
             from rlhf.rl.preflight import preflight
             preflight(cfg)
+        _, line, warning = precision_facts(cfg)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
+        print(line, flush=True)
         run(cfg)
     except (UserError, TrainingStopped) as e:
         print(f"error: {e}", file=sys.stderr)

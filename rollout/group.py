@@ -98,6 +98,10 @@ class RolloutGroup:
         """Full weights through the driver (tests and small models; runs sync with rollout.sync)."""
         self._each(lambda e: e.update_weights.remote(named))
 
+    def weights_dtypes(self) -> list[str]:
+        """Per engine, the dtype its weights were loaded in."""
+        return self._each(lambda e: e.weights_dtype.remote())
+
     def process_ids(self) -> list[list[int]]:
         """Per engine, the pids of its processes (its actor's, then its engine core's when that is separate)."""
         return self._each(lambda e: e.process_ids.remote())

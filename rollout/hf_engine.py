@@ -130,6 +130,9 @@ class HFEngine:
         """(prompt tokens computed, tokens generated) since the engine started: every context in full (no cache)."""
         return self.counts.prefill, self.counts.generated
 
+    def weights_dtype(self) -> str:
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         """In-flight generation (rollout.inflight): the kept requests' contexts are recomputed each call."""
         return self.kept.advance(new, sampling, steps)

@@ -200,6 +200,10 @@ class VLLMEngine:
         if asleep is not None:
             self.llm.wake_up(tags=asleep)
 
+    def weights_dtype(self) -> str:
+        """The dtype vLLM loaded the model in ('float32', 'bfloat16'): model.dtype, checked at start-up."""
+        return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
     def process_ids(self) -> list[int]:
         """This process and its children (the engine core, in multiprocess mode): for leak checks."""
         import psutil

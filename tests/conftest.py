@@ -2,6 +2,7 @@
 import os
 import secrets
 import sys
+from typing import Optional
 
 import pytest
 
@@ -48,11 +49,11 @@ def tiny_model_dir(tmp_path_factory):
     return save_tiny_model(TinyModelConfig(), str(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT):
-    """`python -m rlhf.run ...` as a subprocess that joins the session's Ray (session_ray); returns the
-    CompletedProcess (text mode)."""
+def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT, env: Optional[dict] = None):
+    """`python -m rlhf.run ...` as a subprocess that joins the session's Ray (session_ray), with `env` added to
+    this process's environment; returns the CompletedProcess (text mode)."""
     import subprocess
-    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ADDRESS=session_ray())
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ADDRESS=session_ray(), **(env or {}))
     return subprocess.run([sys.executable, "-m", "rlhf.run", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=env)
 

@@ -17,6 +17,7 @@ ASYNC_TIS_MASK = (0.5, 5.0)  # and tis_mask_low / tis_mask_high (IcePop's bounds
 
 def resolved(cfg: RunConfig) -> RunConfig:
     """`cfg` with every machine- or key-dependent default filled in; a value the user set is kept (idempotent)."""
+    cfg = with_machine_dtype(cfg)
     r, pl, a = cfg.rollout, cfg.placement, cfg.algorithm
     hybrid = pl.mode == "hybrid"  # the engine core stays in the rank's process
     warn = r.logprob_diff_warn if r.logprob_diff_warn is not None else LOGPROB_DIFF_WARN[cfg.model.dtype]
@@ -35,6 +36,26 @@ def resolved(cfg: RunConfig) -> RunConfig:
     ranks = role_ranks(out) if cfg.stage == "rl" else {"policy": 1}
     threads = cpu_threads(pl.cpu_threads, busy_at_once(out, ranks))
     return replace(out, placement=replace(placement, cpu_threads=threads))
+
+
+def with_machine_dtype(cfg: RunConfig) -> RunConfig:
+    """`model.dtype: auto` made bfloat16 or float32 by what the run's device does with bf16 (common.fast_dtype), and
+    a bf16 trainer.precision the recipe names made fp32 where auto chose float32. Engines and trainers both read
+    model.dtype, so they agree."""
+    if cfg.model.dtype != "auto":
+        return cfg
+    from common.fast_dtype import choose_dtype, trainer_precision
+    dtype = choose_dtype("auto", machine_device(cfg)).dtype
+    precision = trainer_precision(cfg.trainer.precision, "auto", dtype)
+    return replace(cfg, model=replace(cfg.model, dtype=dtype), trainer=replace(cfg.trainer, precision=precision))
+
+
+def machine_device(cfg: RunConfig):
+    """The device the run's models compute on (common.fast_dtype.Device), probed on the threads a worker gets."""
+    from common.fast_dtype import run_device
+    threads = cpu_threads(cfg.placement.cpu_threads, busy_at_once(cfg, role_ranks(cfg) if cfg.stage == "rl"
+                                                                  else {"policy": 1}))
+    return run_device(cfg.placement.num_gpus, threads)
 
 
 def require_resolved(cfg: RunConfig) -> None:
@@ -112,3 +133,19 @@ def seed_per_prompt(requested: Optional[bool], num_gpus: int) -> bool:
     (its GPU top-k/top-p kernels and FlashInfer skip them), so on GPUs the default trades bit-reproducible
     rollouts for sampling speed; set it true to get both runs' rollouts equal."""
     return requested if requested is not None else num_gpus == 0
+
+
+def precision_facts(cfg: RunConfig) -> tuple[dict, str, Optional[str]]:
+    """What a resolved run computes in and why the machine suits it: the metrics' first row (`run/dtype`,
+    `run/precision` and what was measured), the start-up's line, and a warning where the run puts bf16 matmuls on
+    a device that runs them slowly (an explicit bfloat16 or bf16-mixed)."""
+    from common.fast_dtype import choose_dtype
+    device = machine_device(cfg)
+    p = cfg.trainer.precision
+    choice = choose_dtype(cfg.model.dtype, device, uses_bf16=p == "bf16-mixed")
+    facts = {"run/dtype": cfg.model.dtype, "run/precision": p, "run/device": device.kind}
+    if device.kind == "cpu":
+        facts.update({"run/cpu_isa": device.isa, "run/bf16_gflops": device.bf16_gflops,
+                      "run/fp32_gflops": device.fp32_gflops})
+    line = f"precision: model.dtype {cfg.model.dtype}, trainer.precision {p} ({choice.why})"
+    return facts, line, choice.warning

@@ -17,7 +17,7 @@ STAGES = ("sft", "rl", "dpo", "rm")
 TASK_NAMES = ("sort", "add", "guess")  # rlhf/stages/tasks.py's TASKS (a test compares)
 REWARD_NAMES = ("sort", "add", "math", "guess")  # rollout/rewards.py's BUILTIN (a test compares)
 ENGINES = ("vllm", "hf")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 ARCHS = ("qwen2", "llama")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
@@ -42,7 +42,8 @@ class TinyModelConfig:
 @dataclass
 class ModelConfig:
     path: Optional[str] = None  # a local Hugging Face folder; unset = build the tiny model into <output_dir>
-    # the weights' dtype in the trainers (DeepSpeed: fp32 master weights under bfloat16) and the engines
+    # the weights' dtype in the trainers (DeepSpeed: fp32 master weights under bfloat16) and the engines; auto =
+    # bfloat16 where the device runs it fast (CUDA 8.0+; a CPU by a measured probe), else float32 (docs/precision.md)
     dtype: str = one_of("float32", *DTYPES)
     trust_remote_code: bool = False  # run the checkpoint folder's own modelling code (transformers and vLLM)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)

@@ -94,10 +94,20 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     rollout = rollout or start_engines(policy)
     rollout.ready()
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
-               "time/start_engines": time.perf_counter() - engines_start}
+               "time/start_engines": time.perf_counter() - engines_start, **agreed_dtypes(cfg, policy, rollout)}
     return Workers(placement, policy, critic, reference, teacher, reward_model, rollout,
                    lora_reference=cfg.algorithm.kl_coef > 0 and m.lora.rank > 0, adapter_sync=adapter_sync,
                    startup=startup)
+
+
+def agreed_dtypes(cfg: RunConfig, policy, rollout) -> dict[str, str]:
+    """The dtypes the engines loaded and the trainers compute in, as the workers report them (the first metrics row
+    records them); engines that did not load model.dtype would sample from other numbers than the trainer scores."""
+    engines = sorted(set(rollout.weights_dtypes()))
+    if engines != [cfg.model.dtype]:
+        raise RuntimeError(f"the rollout engines loaded {engines}, not model.dtype {cfg.model.dtype}")
+    trainers = sorted(set(policy.matmul_dtypes()))
+    return {"run/engine_dtype": engines[0], "run/trainer_dtype": ",".join(trainers)}
 
 
 def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, common: dict,

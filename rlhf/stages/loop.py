@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional, Protocol
 from common.errors import TrainingStopped, UserError
 from common.remote import WorkerDied
 from rlhf.config import RunConfig, to_yaml
+from rlhf.config.resolve import precision_facts
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.outputs.run_identity import check_same_run, identity
@@ -185,8 +186,8 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         start, guard = state["step"], BadStepGuard(cfg.trainer.max_bad_steps, state.get("guard"))
         logger.console(f"resumed from {resume_from} (step {start})")
     else:
-        logger.log(0, {**(timed_evaluation(stage, logger) if evaluating else {}), **stage.initial_metrics()},
-                   advance=False)
+        logger.log(0, {**(timed_evaluation(stage, logger) if evaluating else {}), **stage.initial_metrics(),
+                       **precision_facts(cfg)[0]}, advance=False)  # (a result compared across precisions says so)
     row: dict = {}
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
