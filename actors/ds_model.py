@@ -19,8 +19,8 @@ from common.batch import (Batch, attention_inputs, budget_grouped, first_target,
 from common.dtypes import autocast
 from common.options import TrainerConfig, precision_of
 from common.packing import micro_batches_needed, pack_rows, unpack_rows
-from common.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks, plan_prefixes,
-                                   share_prefixes)
+from common.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks, mask_align,
+                                   plan_prefixes, share_prefixes)
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
@@ -152,7 +152,8 @@ class DSModel:
 
     def _forward(self, mb: Batch):
         if self.shared_prefix and "loss_mask" in mb and "position_ids" not in mb:  # (rows of several sequences)
-            plan = plan_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")))
+            plan = plan_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")),
+                                 align=mask_align(self.device))
             if self.cost.sharing_pays(plan):
                 return self._shared_forward(mb, plan)  # else (long continuations, a group of one) the padded one
         if not self.packing:
@@ -371,7 +372,8 @@ class DSModel:
         if self.cfg.zero_stage == 3:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:  # a 16-bit "true" precision saves its fp32 masters: what training accumulated below 16-bit steps
-            state = master_state_dict(self.engine.optimizer, self.module) if self.has_masters else None
+            state = (master_state_dict(self.engine.optimizer, self.module, keep=self.rank == 0)
+                     if self.has_masters else None)
         if self.rank == 0:
             os.makedirs(out_dir, exist_ok=True)
             self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)

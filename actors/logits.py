@@ -63,7 +63,7 @@ def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> 
     window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=values.device)
     flat, flat_targets = values[window], targets[window]
     if head is not None:
-        got = head_logprobs(flat, head, flat_targets, temperature, entropy, head.chunk_rows)
+        got = head.logprobs(flat, flat_targets, temperature, entropy)
         got = got if entropy else got[:1]
     elif entropy:
         got = logprobs_and_entropy(flat, flat_targets, temperature)
@@ -73,7 +73,8 @@ def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> 
     zeros = torch.zeros(full.shape, dtype=torch.float32, device=values.device)
     if values.requires_grad and not flat.numel():  # no row here trains (an agent that failed before its first
         zeros = zeros + values.sum() * 0.0  # call): still on the graph, so the engine's backward can run
-    return tuple(zeros.masked_scatter(full, t) for t in got)
+    logp = zeros.masked_scatter(full, got[0])
+    return (logp, *(zeros.detach().masked_scatter(full, t) for t in got[1:]))  # (entropies: a metric)
 
 
 @dataclass
@@ -112,11 +113,29 @@ class DeferredHead:
         with autocast(self.precision, self.device):
             return self.module(hidden)
 
+    def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                 entropy: bool) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """algorithms.logprobs.head_logprobs of hidden (N, H) and targets (N,), in exactly one call of the head
+        module whatever N is, 0 included. Under ZeRO-3 a module call is a collective (its weight is gathered before
+        it and, in the backward, again): a call per chunk would make ranks with different numbers of trained
+        positions wait on each other for ever. Inside the call the chunks use the gathered weight directly."""
+        with autocast(self.precision, self.device):
+            return self.module(hidden, targets, temperature, entropy)
+
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return self.module.parameters()
 
-    def _call(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden if self.deferred else self._forward(hidden)
+    def _call(self, hidden: torch.Tensor, targets: Optional[torch.Tensor] = None, temperature: float = 1.0,
+              entropy: bool = False):
+        if targets is None:  # the model's own forward calling its head
+            return hidden if self.deferred else self._forward(hidden)
+        unhooked = _Unhooked(self._forward, self.module)
+        logp, ent = head_logprobs(hidden, unhooked, targets, temperature, entropy, self.chunk_rows)
+        if not len(hidden) and logp.requires_grad is False and torch.is_grad_enabled() and hidden.requires_grad:
+            # no trained position on this rank: a zero through the head all the same, so its weight gets a
+            # gradient (zero) as on the other ranks, whose reduction ZeRO waits for
+            logp = logp + self._forward(hidden.new_zeros(1, hidden.shape[-1])).sum() * 0.0
+        return logp, ent
 
     @contextlib.contextmanager
     def deferring(self) -> Iterator[None]:
@@ -125,6 +144,19 @@ class DeferredHead:
             yield
         finally:
             self.deferred = False
+
+
+class _Unhooked:
+    """The head's own forward, called inside the module's one call (not through the module: no hooks again)."""
+
+    def __init__(self, forward, module: torch.nn.Module):
+        self.forward, self.module = forward, module
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.forward(rows)
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.module.parameters()
 
 
 def defers_head(model: torch.nn.Module) -> Optional[str]:

@@ -71,9 +71,13 @@ def fresh_adam(optimizer: torch.optim.Optimizer) -> None:
             group["step"] = 0
 
 
-def master_state_dict(optimizer, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def master_state_dict(optimizer, module: torch.nn.Module, keep: bool = True) -> Optional[dict[str, torch.Tensor]]:
     """The module's state dict with each trained parameter's fp32 master in place of its 16-bit copy (ZeRO 0-2;
-    under ZeRO-3 the caller saves the gathered 16-bit weights). Tied names get the one master tensor."""
+    under ZeRO-3 the caller saves the gathered 16-bit weights). Tied names get the one master tensor.
+
+    Every rank must call it (under ZeRO 1-2 each master is assembled by an all-reduce); only the rank that writes
+    passes `keep`: the others drop each tensor as it arrives and return None, instead of each holding a full fp32
+    copy of the model in host memory (8 ranks x 28 GiB for a 7B)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     pairs = _pairs(optimizer)
@@ -83,6 +87,8 @@ def master_state_dict(optimizer, module: torch.nn.Module) -> dict[str, torch.Ten
         if p.requires_grad:
             master = masters.get(id(p))
             master = master if master is not None else safe_get_full_fp32_param(p)
-            if master is not None:
+            if master is not None and keep:
                 fp32[id(p)] = master.detach().view(p.shape).cpu().clone()
+    if not keep:
+        return None
     return {name: fp32.get(id(t), t.detach()) for name, t in module.state_dict(keep_vars=True).items()}

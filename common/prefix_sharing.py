@@ -53,6 +53,9 @@ def group_unit(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask:
     return size if contiguous and all(len(g) == size for g in groups) else 1
 
 
+MASK_ALIGN = 16
+
+
 @dataclass(frozen=True)
 class ForwardCost:
     """What one forward of a decoder costs, to compare layouts: `token_flops` per token (2 x its weights'
@@ -93,18 +96,29 @@ class PrefixPlan:
     cuts: list[int]  # (B) each row's untrained prefix (`prefix_lengths`)
     groups: list[list[int]]  # row indices by identical prefix (`prefix_groups`)
     used: int  # the padded width the rows use (their longest length)
+    align: int = 1  # the width's multiple: MASK_ALIGN on CUDA
 
     @property
     def width(self) -> int:
-        """N, the packed row's width: the longest group's prefix and continuations."""
-        return max(self.cuts[g[0]] + sum(self.lengths[b] - self.cuts[b] for b in g) for g in self.groups)
+        """N, the packed row's width: the longest group's prefix and continuations, rounded up to a multiple of
+        `align` (the extra positions are padding)."""
+        n = max(self.cuts[g[0]] + sum(self.lengths[b] - self.cuts[b] for b in g) for g in self.groups)
+        return -(-n // self.align) * self.align
 
 
-def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor) -> PrefixPlan:
-    """input_ids, attention_mask (B, W); loss_mask (B, W-1)."""
+def plan_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor,
+                  align: int = 1) -> PrefixPlan:
+    """input_ids, attention_mask (B, W); loss_mask (B, W-1). `align`: the packed width's multiple (`mask_align`)."""
     lengths = attention_mask.sum(1).tolist()
     cuts = prefix_lengths(attention_mask, loss_mask).tolist()
-    return PrefixPlan(lengths, cuts, prefix_groups(input_ids, cuts), max(max(lengths), 1))
+    return PrefixPlan(lengths, cuts, prefix_groups(input_ids, cuts), max(max(lengths), 1), align)
+
+
+def mask_align(device: torch.device) -> int:
+    """The packed width's multiple on `device`: CUDA's memory-efficient attention copies a mask whose row stride is
+    not a multiple of 8 or 16 elements (by release) into a padded tensor in every layer, and keeps each copy for the
+    backward (layers x the mask); CPU kernels take any stride, where extra width is only cost."""
+    return MASK_ALIGN if device.type == "cuda" else 1
 
 
 def share_prefixes(input_ids: torch.Tensor, plan: PrefixPlan) -> SharedLayout:

@@ -153,3 +153,26 @@ def test_a_micro_batch_that_sharing_would_slow_takes_the_padded_forward(tiny_mod
     assert len(calls) == 2  # both micro-batches shared their prompts
     got = trainer.compute_logprobs(long)  # one 6-token prompt under 16 continuations of 60: padding is cheaper
     assert len(calls) == 2 and torch.allclose(got, padded.compute_logprobs(long), atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_on_cuda_the_packed_width_is_a_multiple_of_16_and_the_padding_changes_no_log_prob(seed, tiny_model_dir):
+    """CUDA's memory-efficient attention copies a mask whose rows are not 16-aligned in every layer (and keeps the
+    copies for the backward): the layout planned for CUDA is aligned, and its extra positions are padding that no
+    row reads."""
+    from transformers import AutoModelForCausalLM
+
+    from common.prefix_sharing import mask_align
+    batch = grouped_batch(seed=seed, vocab=200)
+    args = [batch[k] for k in ("input_ids", "attention_mask", "loss_mask")]
+    assert mask_align(torch.device("cuda")) == 16 and mask_align(torch.device("cpu")) == 1
+    exact, aligned = plan_prefixes(*args), plan_prefixes(*args, align=16)
+    assert aligned.width % 16 == 0 and exact.width <= aligned.width < exact.width + 16
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    got = []
+    for plan in (exact, aligned):
+        lay = share_prefixes(batch["input_ids"], plan)
+        out = model(input_ids=lay.input_ids, attention_mask=lay.allowed, position_ids=lay.position_ids, use_cache=False)
+        got.append(gather_rows(out.logits, lay))
+    trained = torch.nn.functional.pad(batch["loss_mask"], (0, 1))
+    assert torch.allclose(got[0][trained], got[1][trained], atol=1e-5)

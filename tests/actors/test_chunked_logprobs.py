@@ -115,15 +115,20 @@ def test_the_head_never_outputs_more_than_one_chunk_of_rows(tiny_model_dir):
     (forward and the backward's recomputation) has at most chunk_rows rows; the full path's has them all."""
     full, chunked = policy_pair(tiny_model_dir)
     chunked.ds.head.chunk_rows = 6
-    seen = {}
-    for name, trainer in (("full", full), ("chunked", chunked)):
-        sizes = seen.setdefault(name, [])
-        head = trainer.model.get_output_embeddings()
-        handle = head.register_forward_hook(
-            lambda m, i, out, sizes=sizes: sizes.append((out.shape[-1], out.shape[:-1].numel())))
+    seen = {"full": [], "chunked": []}
+    head = full.model.get_output_embeddings()
+    handle = head.register_forward_hook(lambda m, i, out: seen["full"].append((out.shape[-1], out.shape[:-1].numel())))
+    forward = chunked.ds.head._forward  # the deferred head's chunks run inside one module call, through this
+
+    def recorded(rows):
+        out = forward(rows)
+        seen["chunked"].append((out.shape[-1], out.shape[:-1].numel()))
+        return out
+    chunked.ds.head._forward = recorded
+    for trainer in (full, chunked):
         batch = grouped_batch(vocab=200)
         trainer.rl_step(dict(batch, advantages=torch.ones(16, 1) * batch["loss_mask"]), AlgorithmConfig())
-        handle.remove()
+    handle.remove()
     vocab = chunked.model.config.vocab_size
     logits_rows = {name: [n for width, n in sizes if width == vocab] for name, sizes in seen.items()}
     assert max(logits_rows["full"]) > 6  # (the passes-through of the deferred forward have the hidden width)
