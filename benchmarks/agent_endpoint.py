@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.helpers import print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 
 
 def one_call(row, client):
@@ -70,7 +71,7 @@ def main() -> None:
     with open(os.path.join(ROOT, "examples", "data", "word_math_eval.jsonl")) as f:
         rows = [json.loads(line) for line in f][:args.prompts]
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+             runtime_env={"env_vars": {"PYTHONPATH": python_path(ROOT)}})
     group = Counting(RolloutGroup.create(1, dict(model_path=model, dtype="bfloat16", max_model_len=512,
                                                  kv_cache_mb=512)))
     renderer = PromptRenderer.from_pretrained(model)

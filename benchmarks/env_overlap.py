@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import SIZES, build, print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 from rollout.guess import GuessNumber  # noqa: E402
 
 
@@ -52,7 +53,8 @@ def main() -> None:
 
     model = build(args.size)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+             runtime_env={"env_vars": {
+                 "PYTHONPATH": python_path(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}})
     group = RolloutGroup.create(1, dict(model_path=model, dtype="float32", max_model_len=256, kv_cache_mb=32))
     renderer = PromptRenderer.from_pretrained(model)
     rng = random.Random(0)

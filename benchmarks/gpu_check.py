@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import SIZES, median_time, print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 from rlhf.config import TinyModelConfig, TrainerConfig  # noqa: E402
 
 SHAPES = {"0.5B": (TinyModelConfig(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
@@ -305,37 +306,70 @@ def main() -> None:
     import torch
 
     gpus = torch.cuda.device_count()
+    # workers see the driver's PYTHONPATH too (packages installed with pip --target), and their logs reach ours: a
+    # worker that cannot start says why instead of leaving the check waiting
     ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), num_gpus=gpus, include_dashboard=False,
-             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+             log_to_driver=True, runtime_env={"env_vars": {"PYTHONPATH": python_path(os.getcwd())}})
+    report = Report(args, gpus)
     path = build_shape(args.size, os.path.join(args.out, "models"))
     vocab = SHAPES[args.size][1] or 100
-    train = train_rows(path, args, vocab, {"num_gpus": 1} if gpus else {})
-    sync = ipc_row(path, args)
-    hybrid = hybrid_row(path, args)
-    rules = rule_rows({"num_gpus": 1} if gpus else {})
-    report(args, train, sync, hybrid, rules, gpus)
-    if gpus:  # last, after everything is written: a vLLM restart is the slowest check
-        rules.append(reap_row(path))
-        report(args, train, sync, hybrid, rules, gpus)
+    report.train(train_rows(path, args, vocab, {"num_gpus": 1} if gpus else {}))
+    report.table("sync", guarded(ipc_row, path, args))
+    report.table("hybrid", guarded(hybrid_row, path, args))
+    report.rules(rule_rows({"num_gpus": 1} if gpus else {}))
+    if gpus:  # last: a vLLM restart is the slowest check, and the device may have no vLLM at all
+        report.rules([reap_row(path) if _has_vllm() else {"finding": "41: a killed engine's core reaped",
+                                                          "ok": "skipped", "detail": "vLLM is not installed here"}])
     ray.shutdown()
 
 
-def report(args, train: list[dict], sync: dict, hybrid: dict, rules: list[dict], gpus: int) -> None:
-    import torch
-    for r in train:
-        r["MFU"] = r["tflops"] / args.peak_tflops if gpus and "tflops" in r else float("nan")
-    keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "cached_free_GiB",
-            "offload_s", "reload_s", "freed_GiB", "error"]
-    print(f"{args.size}-shaped, {args.dtype}, batch {args.batch} x {args.seq} tokens, micro-batch {args.micro}, "
-          f"median of {args.steps - 1} steps:")
-    print_table(keys, [[r.get(k, "-") for k in keys] for r in train])
-    print_table(list(sync), [list(sync.values())])
-    print_table(list(hybrid), [list(hybrid.values())])
-    detail = [{k: v for k, v in r.items() if k not in ("finding", "ok")} or "-" for r in rules]
-    print_table(["finding", "ok", "detail"], [[r["finding"], r["ok"], d] for r, d in zip(rules, detail)])
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
-        json.dump({"args": vars(args), "train": train, "sync": sync, "hybrid": hybrid, "rules": rules,
-                   "device": torch.cuda.get_device_name() if gpus else "cpu"}, f, indent=1)
+def guarded(row, *args) -> dict:
+    """A row, or what stopped it: one failure does not cost the others."""
+    try:
+        return row(*args)
+    except Exception as e:  # noqa: BLE001 - the row reports it
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("vllm") is not None
+
+
+class Report:
+    """Each part's table printed, and gpu_check.json rewritten, as soon as the part is done: a check cut short by
+    its time limit still leaves every row it finished."""
+
+    def __init__(self, args, gpus: int):
+        import torch
+        self.args, self.gpus = args, gpus
+        self.data = {"args": vars(args), "device": torch.cuda.get_device_name() if gpus else "cpu", "rules": []}
+
+    def train(self, rows: list[dict]) -> None:
+        a = self.args
+        for r in rows:
+            r["MFU"] = r["tflops"] / a.peak_tflops if self.gpus and "tflops" in r else float("nan")
+        keys = ["zero", "params_M", "step_s", "tokens_per_s", "tflops", "MFU", "peak_GiB", "cached_free_GiB",
+                "offload_s", "reload_s", "freed_GiB", "error"]
+        print(f"{a.size}-shaped, {a.dtype}, batch {a.batch} x {a.seq} tokens, micro-batch {a.micro}, "
+              f"median of {a.steps - 1} steps:")
+        print_table(keys, [[r.get(k, "-") for k in keys] for r in rows])
+        self._save("train", rows)
+
+    def table(self, name: str, row: dict) -> None:
+        print_table(list(row), [list(row.values())])
+        self._save(name, row)
+
+    def rules(self, rows: list[dict]) -> None:
+        detail = [r.get("detail") or {k: v for k, v in r.items() if k not in ("finding", "ok")} or "-" for r in rows]
+        print_table(["finding", "ok", "detail"], [[r["finding"], r["ok"], d] for r, d in zip(rows, detail)])
+        self._save("rules", self.data["rules"] + rows)
+
+    def _save(self, key: str, value) -> None:
+        self.data[key] = value
+        with open(os.path.join(self.args.out, "gpu_check.json"), "w") as f:
+            json.dump(self.data, f, indent=1)
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = 64
@@ -140,7 +141,8 @@ def run_one(model: str, completion: int, group: int, path: str, cap: float, grou
 
     code = (f"import json; from benchmarks.long_sequences import measure_one; "
             f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, {groups}, {repeats})))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched, over = psutil.Process(proc.pid), False
     while proc.poll() is None:

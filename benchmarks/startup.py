@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.helpers import print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 
 
 ENTRY = {"fast": ["-m", "rlhf.run"],  # what users run: exit_now after main()
@@ -70,7 +71,7 @@ def main() -> None:
     import secrets
 
     from benchmarks.helpers import build
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
     os.environ.update(RAY_AUTH_MODE=env["RAY_AUTH_MODE"], RAY_AUTH_TOKEN=env["RAY_AUTH_TOKEN"])
     import ray  # after the auth settings: Ray reads them on import

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import SIZES, build, median_time, n_params, print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 
 
 class Hybrid:
@@ -77,7 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     import ray
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+             runtime_env={"env_vars": {"PYTHONPATH": python_path(os.getcwd())}})
     rows = []
     for size in args.sizes:
         rows += bench_size(size, args.repeats, args.engines)

@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import SIZES, build, n_params, print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 
 
 def rss(pids: list[int]) -> int:
@@ -68,7 +69,7 @@ def main() -> None:
     from rollout.sync.buckets import plan_buckets
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
+             runtime_env={"env_vars": {"PYTHONPATH": python_path(os.getcwd())}})
     path = build(a.size)
     trainer = make_actor(PolicyTrainer, "trainer", {}, path, TrainerConfig(batch_size=8, micro_batch_size=8))
     group = RolloutGroup.create(1, dict(model_path=path, max_model_len=128, kv_cache_mb=16))

@@ -39,6 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.helpers import n_params, print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 from benchmarks.peak_memory import measure  # noqa: E402
 
 TRL_PINS = ["trl==1.16.0", "transformers==5.19.0", "accelerate==1.16.0", "torch==2.13.0", "datasets==5.2.0",
@@ -72,7 +73,7 @@ def trl_python() -> str:
 
 
 def run_env() -> dict:
-    return dict(os.environ, PYTHONPATH=ROOT, **ONE_THREAD)
+    return dict(os.environ, PYTHONPATH=python_path(ROOT), **ONE_THREAD)
 
 
 def sft_checkpoint(size: str) -> str:

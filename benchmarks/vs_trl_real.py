@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.helpers import print_table  # noqa: E402
+from common.remote import python_path  # noqa: E402
 from benchmarks.peak_memory import measure  # noqa: E402
 from benchmarks.vs_trl import trl_python  # noqa: E402
 
@@ -55,7 +56,7 @@ def run_ours(steps: int, seed: int) -> dict:
     cmd = [sys.executable, "-m", "rlhf.run", "--config", RECIPE, f"output_dir={out}", f"trainer.max_steps={steps}",
            "eval.every=-1", "checkpoint.every=0", f"seed={seed}"]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    code, peak, wall = measure(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=ROOT))
+    code, peak, wall = measure(cmd, cwd=ROOT, env=dict(env, PYTHONPATH=python_path(ROOT)))
     assert code == 0, f"our run failed (exit {code}); see {out}"
     _, *rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     phases = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k.startswith("time/") and k != "time/step"}
@@ -74,8 +75,8 @@ def run_trl(model: str, rows: list[dict], steps: int, threads: int, seed: int, e
            "--out", out, "--steps", str(steps), "--lr", "2e-5", "--prompts", str(PROMPTS), "--samples", str(SAMPLES),
            "--max-new-tokens", "64", "--temperature", "0.6", "--epsilon-high", "0.28", "--loss-type", "dapo",
            "--reward", "math", "--bf16", "--threads", str(threads), "--seed", str(seed), *extra]
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     code, peak, wall = measure(cmd, cwd=out, env=env)
     assert code == 0, f"TRL run failed (exit {code}); see {out}"
     log = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl"))]
@@ -91,8 +92,8 @@ def score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     too when `samples` > 1."""
     code = ("import json, sys; from benchmarks.vs_trl_real import _score; "
             f"print('SCORE ' + json.dumps(_score({model!r}, {base!r}, {seed}, {samples})))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=python_path(ROOT)))
     lines = [line for line in out.stdout.splitlines() if line.startswith("SCORE ")]
     assert out.returncode == 0 and lines, f"scoring {model} failed:\n{out.stderr[-3000:]}"
     return json.loads(lines[-1][len("SCORE "):])

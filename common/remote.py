@@ -106,6 +106,15 @@ def memory_hint(message: str) -> str:
     return message
 
 
+def python_path(*first: str) -> str:
+    """PYTHONPATH for a child process or a Ray worker: `first`, then this process's own PYTHONPATH. Ray assigns
+    runtime_env's env_vars (it does not merge them), so naming the repository alone would hide every package
+    installed through PYTHONPATH (pip --target folders) from the workers, which then never start."""
+    import os
+    parts = [*first, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(p for p in parts if p))
+
+
 def init_ray() -> None:
     """Join the cluster named by RAY_ADDRESS (as under `ray job submit`), else start a private local instance whose
     dashboard stays off. Actors request fractional CPUs, so the local instance advertises at least 8 slots."""
@@ -116,7 +125,7 @@ def init_ray() -> None:
     if ray.is_initialized():
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runtime_env = {"env_vars": {"PYTHONPATH": root}}
+    runtime_env = {"env_vars": {"PYTHONPATH": python_path(root)}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address="auto", runtime_env=runtime_env, log_to_driver=False)
     else:

@@ -43,7 +43,10 @@ class RolloutGroup:
         self.roles = [f"policy trainer {i}" if in_trainers else f"rollout engine {i}" for i in range(len(engines))]
         self.on_restart: Optional[Callable[[int], None]] = None
         self.lives = [0] * len(engines)  # restarts per engine: a call sent before the last one needs no new restart
-        self._restarting = threading.Lock()  # multi-turn rollouts collect from several threads
+        # one lock per engine (multi-turn rollouts collect from several threads): a restart's resync calls every
+        # engine, and a second engine dying during it must be restarted without the first's lock, which is held
+        # until that resync is done (one lock for all deadlocked there)
+        self._restarting = [threading.Lock() for _ in engines]
 
     @property
     def restarts(self) -> int:
@@ -192,7 +195,7 @@ class RolloutGroup:
         if not (error.died and error.role in self.roles and self.on_restart is not None):
             raise error
         i = self.roles.index(error.role)
-        with self._restarting:
+        with self._restarting[i]:
             if self.lives[i] > lives[i]:
                 return i
             _wait_restarted(self.engines[i], error.role)

@@ -29,6 +29,7 @@ LONGEST_FIRST = ["e2e/test_real_model.py",  # the real model: its conversion, a 
                  "e2e/test_hybrid.py",
                  "e2e/test_pipeline.py",
                  "actors/test_trainer_group.py",
+                 "actors/test_multi_rank.py",
                  "test_placement.py",
                  "e2e/test_two_nodes.py",
                  "e2e/test_multiturn.py",
@@ -109,9 +110,11 @@ def session_ray() -> str:
     (torch still sees no CUDA). In-process tests use it (`ray_local`), `run_cli` runs join it (RAY_ADDRESS): each
     saves its own Ray start. A test that needs Ray to itself (its own cluster) calls `ray.shutdown()` first."""
     import ray
+
+    from common.remote import python_path
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+                 runtime_env={"env_vars": {"PYTHONPATH": python_path(ROOT)}})
     return ray.get_runtime_context().gcs_address
 
 

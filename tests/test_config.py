@@ -162,10 +162,17 @@ def test_gpu_colocation_never_broadcasts_between_ranks_on_one_gpu(overrides, ok)
     (["stage=dpo", "algorithm.dpo_loss=hinge", "algorithm.label_smoothing=0.1"], "applies to dpo_loss=sigmoid only"),
     (["stage=rl", "algorithm.name=grpo", "rollout.n_samples=1"], "compares samples of the same prompt"),
     (["stage=rl", "algorithm.loss_norm_len=0"], "algorithm.loss_norm_len = 0"),
+    # a bf16 copy of every gathered weight per rank until the forward ends
+    (["stage=rl", "trainer.zero_stage=3", "trainer.precision=bf16-mixed"], "set trainer.precision=bf16-true"),
 ])
 def test_settings_that_would_be_silently_ignored_or_zero_are_rejected(args, needle):
     with pytest.raises(UserError, match=needle):
         load_config(None, args)
+
+
+def test_bf16_mixed_under_zero3_is_kept_for_lora_whose_frozen_base_autocast_does_not_cache():
+    cfg = load_config(None, ["stage=rl", "trainer.zero_stage=3", "trainer.precision=bf16-mixed", "model.lora.rank=8"])
+    assert cfg.trainer.precision == "bf16-mixed"
 
 
 def test_every_key_is_documented_and_the_reference_page_is_current():

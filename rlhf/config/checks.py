@@ -81,6 +81,10 @@ def check_trainer(cfg: RunConfig, p: Problems) -> None:
     if tr.offload and (tr.zero_stage == 0 or cfg.stage != "rl"):
         p.bad("trainer.offload", True, "moves DeepSpeed's ZeRO states between the phases of stage rl: set "
               "trainer.zero_stage to 1, 2 or 3 (and stage: rl), or offload=false")
+    if tr.precision == "bf16-mixed" and tr.zero_stage == 3 and cfg.model.lora.rank == 0:
+        p.bad("trainer.precision", "bf16-mixed", "under ZeRO-3 autocast keeps a bf16 copy of every gathered weight "
+              "until the forward ends (a whole bf16 model per rank): set trainer.precision=bf16-true, or "
+              "zero_stage 1-2")
     if tr.offload and tr.zero_stage == 3 and cfg.placement.num_gpus == 0:
         p.bad("trainer.offload", True, "ZeRO-3 offloads only with DeepSpeed's FusedAdam, a GPU op; on CPU there is "
               "nothing to free anyway: set offload=false (or zero_stage 1-2)")

@@ -16,6 +16,7 @@ from rollout.group import RolloutGroup
 from rollout.render import PromptRenderer
 from rollout.sync import setup_sync, sync_weights
 from rollout.sync.buckets import plan_buckets
+from rollout.vllm_engine import mapped_shm
 from tests.rollout.agreement import logprob_diff
 
 T = 300
@@ -248,13 +249,17 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
     sync_weights([trainer], group)
     assert remote_diff(trainer, group.generate(prompts, SAMPLING), tok.pad_token_id) < 1e-3
     trainer_pid = ray_get([trainer.__ray_call__.remote(lambda _self: os.getpid())], 60, ["trainer"])[0]
+    # Ours: what the engine's and the trainer's processes map now (their semaphores and buffers), and the trainer's
+    # sync buffers. Anything else new in /dev/shm is another process's (the other test worker's, or any program's).
+    ours = {os.path.basename(f) for f in mapped_shm(pids + [trainer_pid])}
+    assert any(f.startswith("psm_") for f in ours)  # (the engine core's shared memory: it sees what it checks)
     ray_local.kill(trainer)
 
     group.shutdown()
 
-    def leaked() -> set[str]:  # ignoring other tests' sync buffers (pytest-xdist runs another test meanwhile)
+    def leaked() -> set[str]:
         return {f for f in set(os.listdir("/dev/shm")) - shm_before
-                if not f.startswith("rlhf-sync-") or f.startswith(f"rlhf-sync-{trainer_pid}-")}
+                if f in ours or f.startswith(f"rlhf-sync-{trainer_pid}-")}
     deadline = time.time() + 30
     while time.time() < deadline and (any(alive(p) for p in pids) or leaked()):
         time.sleep(0.5)
