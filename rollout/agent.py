@@ -55,6 +55,7 @@ class Call:
 
     plan: Plan
     max_tokens: int
+    episode: int = 0  # its episode's row: every call of an episode goes to that row's engine (its prefix cache)
     done: threading.Event = field(default_factory=threading.Event)
     sample: Optional[Sample] = None
     error: Optional[str] = None
@@ -223,10 +224,10 @@ class AgentRunner:
                 call.done.set()
 
     def _generate(self, group, calls: list[Call], sampling: SamplingConfig) -> None:
-        budgets = tuple(c.max_tokens for c in calls)
+        budgets, engines = tuple(c.max_tokens for c in calls), [c.episode % group.num_engines for c in calls]
         try:
             samples = group.collect(group.submit([c.plan.prompt_ids for c in calls], replace(
-                sampling, max_new_tokens=max(budgets), budgets=budgets)))
+                sampling, max_new_tokens=max(budgets), budgets=budgets), engines))
         except BaseException as e:
             for c in calls:
                 c.error = f"the engines failed: {type(e).__name__}: {e}"
@@ -271,7 +272,7 @@ class AgentRunner:
                            param="messages" if kind == "chat" else "prompt")
         asked = vars(request).get("max_completion_tokens") or vars(request).get("max_tokens")  # (no deprecation)
         budget = queue.sampling.max_new_tokens
-        call = Call(plan, min(room, budget, asked or budget))
+        call = Call(plan, min(room, budget, asked or budget), episode.index)
         with self.live_lock:
             if key not in self.live:
                 raise ApiError(404, f"episode {key} has ended", code="episode_ended")

@@ -333,10 +333,14 @@ class TurnGate:
     def __init__(self, pipeline: AsyncRollout):
         self.pipeline = pipeline
 
-    def submit(self, prompt_ids, sampling: SamplingConfig):
+    @property
+    def num_engines(self) -> int:
+        return self.pipeline.engines.num_engines
+
+    def submit(self, prompt_ids, sampling: SamplingConfig, engines=None):
         version = self.pipeline.begin_call()
         try:
-            return version, self.pipeline.engines.submit(prompt_ids, sampling)
+            return version, self.pipeline.engines.submit(prompt_ids, sampling, engines)
         except BaseException:
             self.pipeline.end_call()
             raise

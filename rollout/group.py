@@ -14,8 +14,9 @@ from rollout.engine import Advanced, Request, Sample, SamplingConfig
 
 @dataclass
 class Submitted:
-    """A generation in flight: engine `spans[k] = (engine, lo, hi)` works on prompts[lo:hi] and answers `refs[k]`."""
-    spans: list[tuple[int, int, int]]
+    """A generation in flight: engine `spans[k] = (engine, indices)` works on those prompts and answers `refs[k]`
+    (a contiguous range unless the caller chose each prompt's engine)."""
+    spans: list[tuple[int, Sequence[int]]]
     refs: list
     prompts: Sequence
     sampling: SamplingConfig
@@ -47,6 +48,10 @@ class RolloutGroup:
         # engine, and a second engine dying during it must be restarted without the first's lock, which is held
         # until that resync is done (one lock for all deadlocked there)
         self._restarting = [threading.Lock() for _ in engines]
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.engines)
 
     @property
     def restarts(self) -> int:
@@ -124,41 +129,52 @@ class RolloutGroup:
     def generate(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> list[Sample]:
         return self.collect(self.submit(prompt_ids, sampling))
 
-    def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig) -> Submitted:
+    def submit(self, prompt_ids: Sequence[Sequence[int] | str], sampling: SamplingConfig,
+               engines: Optional[Sequence[int]] = None) -> Submitted:
         """Start generating without waiting (`collect` waits). Contiguous chunks per engine; per-prompt seeds are
-        offset by the chunk start, so the samples are the same whatever the number of engines."""
-        out = Submitted(even_spans(len(prompt_ids), len(self.engines)), [], prompt_ids, sampling,
-                        timeout_s=self.deadline(len(prompt_ids), sampling))
+        offset by the chunk start, so the samples are the same whatever the number of engines. `engines`: each
+        prompt's engine instead (a conversation's next turn goes where its history is cached), sampled with the
+        engines' own RNG (`sampling.seed` None)."""
+        if engines is None:
+            spans = [(i, range(lo, hi)) for i, lo, hi in even_spans(len(prompt_ids), len(self.engines))]
+        else:
+            if sampling.seed is not None:
+                raise ValueError("per-prompt seeds follow contiguous chunks: submit with seed=None to choose engines")
+            spans = [(i, [k for k, e in enumerate(engines) if e == i]) for i in range(len(self.engines))]
+            spans = [(i, idx) for i, idx in spans if idx]
+        out = Submitted(spans, [], prompt_ids, sampling, timeout_s=self.deadline(len(prompt_ids), sampling))
         out.refs = [self._generate_span(out, k) for k in range(len(out.spans))]
-        out.lives = [self.lives[i] for i, _, _ in out.spans]
+        out.lives = [self.lives[i] for i, _ in out.spans]
         return out
 
     def _generate_span(self, sub: Submitted, k: int):
-        i, lo, hi = sub.spans[k]
-        seed = None if sub.sampling.seed is None else sub.sampling.seed + lo
-        budgets = None if sub.sampling.budgets is None else sub.sampling.budgets[lo:hi]
-        return self.engines[i].generate.remote(sub.prompts[lo:hi], replace(sub.sampling, seed=seed, budgets=budgets))
+        i, idx = sub.spans[k]
+        seed = None if sub.sampling.seed is None else sub.sampling.seed + idx[0]
+        budgets = None if sub.sampling.budgets is None else tuple(sub.sampling.budgets[j] for j in idx)
+        prompts = [sub.prompts[j] for j in idx]
+        return self.engines[i].generate.remote(prompts, replace(sub.sampling, seed=seed, budgets=budgets))
 
     def collect(self, sub: Submitted) -> list[Sample]:
         """The samples of a `submit`, in prompt order (waited for once; again, the same list). A restarted engine
         redoes its chunk with the same seeds."""
         if sub.samples is not None:
             return sub.samples
-        roles = [self.roles[i] for i, _, _ in sub.spans]
+        roles = [self.roles[i] for i, _ in sub.spans]
         while True:
             try:
                 chunks = ray_get(sub.refs, sub.timeout_s, roles, TIMEOUT_HINT)
                 break
             except WorkerDied as e:
-                i = self._restart(e, {j: sub.lives[k] for k, (j, _, _) in enumerate(sub.spans)})
-                for k, (j, _, _) in enumerate(sub.spans):
+                i = self._restart(e, {j: sub.lives[k] for k, (j, _) in enumerate(sub.spans)})
+                for k, (j, _) in enumerate(sub.spans):
                     if j == i:
                         sub.refs[k], sub.lives[k] = self._generate_span(sub, k), self.lives[i]
         out = []
-        for (_, lo, _), chunk in zip(sub.spans, chunks):
+        for (_, idx), chunk in zip(sub.spans, chunks):
             for s in chunk:
-                s.prompt_index += lo
+                s.prompt_index = idx[s.prompt_index]
             out += chunk
+        out.sort(key=lambda s: s.prompt_index)  # (stable: a prompt's n samples keep their order)
         sub.samples = out
         return out
 

@@ -13,7 +13,8 @@ is counted, the first failure of a call printed with its traceback; a call on wh
 more hung calls still running than `MAX_HUNG_PER_WORKER` x `env.num_workers`, stops the run naming the
 environment).
 
-Which trajectories share an engine call depends on timing, so multi-turn rollouts sample with the engines' own RNG
+Each trajectory's turns go to one engine (its prompt's): its history stays in that engine's prefix cache. Which
+trajectories share an engine call depends on timing, so multi-turn rollouts sample with the engines' own RNG
 (not per-prompt seeds) and are not bit-reproducible.
 """
 from __future__ import annotations
@@ -199,7 +200,10 @@ class TrajectoryRunner:
         return t.env.reset(row)
 
     def _generate(self, group, trajs: list[Trajectory], sampling: SamplingConfig) -> None:
-        samples = group.collect(group.submit([t.ids for t in trajs], sampling))
+        """One engine call for the trajectories ready for a turn; each goes to its prompt's engine, every turn (its
+        conversation so far is in that engine's prefix cache, and the group's samples share their prompt there)."""
+        engines = [t.prompt_index % group.num_engines for t in trajs]
+        samples = group.collect(group.submit([t.ids for t in trajs], sampling, engines))
         for t, s in zip(trajs, samples):
             t.add_turn(s)
 

@@ -72,3 +72,31 @@ def test_shutdown_kills_an_engine_hung_in_a_call_instead_of_waiting_its_deadline
         time.sleep(0.2)
     else:
         raise AssertionError(f"engine process {pid} still alive after its shutdown")
+
+
+class PidEngine:
+    """Answers each prompt with its ids and this engine's pid (which engine served it)."""
+
+    def generate(self, prompts, sampling):
+        return [Sample(i, list(p), [*p, os.getpid()], [0.0] * (len(p) + 1), "stop") for i, p in enumerate(prompts)]
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_prompts_sent_to_chosen_engines_come_back_in_prompt_order(ray_local):
+    import pytest
+
+    from rollout.group import RolloutGroup
+    group = RolloutGroup.create(2, {}, engine_cls=PidEngine, timeout_s=60)
+    try:
+        unseeded = SamplingConfig(seed=None, budgets=(1, 2, 3, 4, 5))
+        samples = group.collect(group.submit([[1], [2], [3], [4], [5]], unseeded, engines=[1, 0, 1, 1, 0]))
+        assert [s.prompt_index for s in samples] == [0, 1, 2, 3, 4]
+        assert [s.completion_ids[0] for s in samples] == [1, 2, 3, 4, 5]
+        pids = [s.completion_ids[1] for s in samples]
+        assert pids[0] == pids[2] == pids[3] != pids[1] == pids[4]
+        with pytest.raises(ValueError, match="seed=None"):  # per-prompt seeds follow contiguous chunks
+            group.submit([[1]], SamplingConfig(seed=0), engines=[0])
+    finally:
+        group.shutdown()

@@ -133,3 +133,47 @@ def test_environment_calls_that_hang_past_their_bound_stop_the_run(tiny_model_di
     with pytest.raises(UserError, match=rf"{MAX_HUNG_PER_WORKER + 1} calls of the environment tests.envs.toy:Echo "
                                         r"are still running after env.timeout_s = 0.2 s"):
         runner.run([{"word": "a", "stuck": True}] * 8, SamplingConfig(max_new_tokens=4, n=1))
+
+
+class RecordingVLLM:
+    """The real vLLM engine, remembering every prompt it was asked to continue (to see where each turn went)."""
+
+    def __init__(self, *args, **kwargs):
+        from rollout.vllm_engine import VLLMEngine
+        self.engine, self.prompts = VLLMEngine(*args, **kwargs), []
+
+    def generate(self, prompts, sampling):
+        self.prompts += [list(p) for p in prompts]
+        return self.engine.generate(prompts, sampling)
+
+    def seen(self) -> list[list[int]]:
+        return self.prompts
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+@pytest.mark.slow
+def test_every_turn_of_a_trajectory_goes_to_the_engine_that_holds_its_conversation(ray_local, tiny_model_dir):
+    """Two engines, four rows of two trajectories, three turns each: a trajectory's history is in one engine's
+    prefix cache only, so each of its turns (and its group's) must be sent there, not where its position in
+    whichever call it joined would put it."""
+    from rollout.group import RolloutGroup
+    from rollout.trajectory import TrajectoryRunner
+
+    renderer = PromptRenderer.from_pretrained(tiny_model_dir)
+    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), engine_cls=RecordingVLLM)
+    words = ["alpha", "bravo", "charlie", "delta"]
+    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=30.0, num_workers=4)
+    try:
+        runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
+        samples = runner.run([{"word": w} for w in words], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2))
+        seen = ray_local.get([e.seen.remote() for e in group.engines], timeout=60)
+    finally:
+        group.shutdown()
+    assert sum(len(s) for s in seen) >= 2 * 8  # every trajectory took two turns or more
+    for word in words:
+        engines = {i for i, prompts in enumerate(seen) for p in prompts if f"say {word}" in renderer.decode(p)}
+        assert len(engines) == 1, (word, engines)
+    assert {i for i, prompts in enumerate(seen) if prompts} == {0, 1}  # both engines took a share
+    assert [s.prompt_index for s in samples] == [0, 0, 1, 1, 2, 2, 3, 3]
