@@ -30,6 +30,7 @@ LONGEST_FIRST = ["e2e/test_real_model.py",  # the real model: its conversion, a 
                  "e2e/test_pipeline.py",
                  "actors/test_trainer_group.py",
                  "actors/test_multi_rank.py",
+                 "test_device_script.py",
                  "test_placement.py",
                  "e2e/test_two_nodes.py",
                  "e2e/test_multiturn.py",
