@@ -18,13 +18,26 @@ import threading
 from typing import Optional
 
 
+def engine_dtype(requested: str) -> str:
+    """--dtype as the engine loads it: auto by the machine (its GPU, else this CPU's probe on all its cores), an
+    explicit value as given, with the same warning a run gives where bf16 would be slow."""
+    import torch
+
+    from common.fast_dtype import choose_dtype, run_device
+    choice = choose_dtype(requested, run_device(torch.cuda.device_count(), os.cpu_count() or 1))
+    if choice.warning:
+        print(f"warning: {choice.warning.replace('model.dtype', '--dtype')}", file=sys.stderr)
+    return choice.dtype
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlhf.agent_serve", description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a Hugging Face folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--tool-parser", default="hermes", help="vLLM's tool-call parser for the model family")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+                   help="auto: bfloat16 where this machine runs it fast, else float32 (docs/precision.md)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.6)
@@ -44,8 +57,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         renderer = PromptRenderer.from_pretrained(args.model)
         cfg = AgentConfig(tool_parser=args.tool_parser, max_calls=2 ** 31, host=args.host, port=args.port)
+        dtype = engine_dtype(args.dtype)
         init_ray()
-        group = RolloutGroup.create(1, dict(model_path=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+        group = RolloutGroup.create(1, dict(model_path=args.model, dtype=dtype, max_model_len=args.max_model_len,
                                             kv_cache_mb=1024))
         runner = AgentRunner(group, renderer, cfg, args.max_model_len)
     except (UserError, OSError) as e:
@@ -54,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"serving {args.model} at {runner.endpoint.url('demo')}; Ctrl-C stops", flush=True)
+    print(f"serving {args.model} ({dtype}) at {runner.endpoint.url('demo')}; Ctrl-C stops", flush=True)
     try:
         episode = runner.serve("demo", SamplingConfig(max_new_tokens=args.max_new_tokens,
                                                       temperature=args.temperature), stop)

@@ -83,3 +83,16 @@ def test_the_config_resolves_auto_once_and_saves_what_runs(tmp_path, monkeypatch
     plain = load_config("examples/smollm2_math_grpo.yaml", ["placement.cpu_threads=2"])
     assert (plain.model.dtype, plain.trainer.precision) == (dtype, "bf16-true" if dtype == "bfloat16" else "fp32")
     assert plain.rollout.logprob_diff_warn == (5e-2 if dtype == "bfloat16" else 1e-3)
+
+
+def test_the_agent_server_picks_its_engine_dtype_the_same_way(tmp_path, monkeypatch, capsys):
+    import os
+
+    from rlhf.agent_serve import engine_dtype
+    cache = tmp_path / "probe.json"
+    entry = {k: getattr(AVX2, k) for k in ("bf16_gflops", "fp32_gflops", "isa", "threads")}
+    cache.write_text(json.dumps({cpu_key(os.cpu_count() or 1): entry}))
+    monkeypatch.setenv("RLHF_BF16_PROBE", str(cache))
+    assert engine_dtype("auto") == "float32" and capsys.readouterr().err == ""
+    assert engine_dtype("bfloat16") == "bfloat16"
+    assert "warning: --dtype=bfloat16 will run slowly" in capsys.readouterr().err
