@@ -260,6 +260,7 @@ class AgentRunner:
             raise ApiError(404, f"episode {key} has ended (its agent returned or ran past agent.timeout_s) or "
                                 "never began", code="episode_ended")
         request = _validated(kind, body)
+        asked = _asked_tokens(request)
         with episode.lock:
             if episode.calls >= self.cfg.max_calls:
                 raise ApiError(400, f"this episode has made agent.max_calls = {self.cfg.max_calls} calls; return "
@@ -270,7 +271,6 @@ class AgentRunner:
             raise ApiError(400, f"the prompt is {len(plan.prompt_ids)} tokens and rollout.max_model_len = "
                                 f"{self.max_model_len} leaves no room to generate", code="context_length_exceeded",
                            param="messages" if kind == "chat" else "prompt")
-        asked = vars(request).get("max_completion_tokens") or vars(request).get("max_tokens")  # (no deprecation)
         budget = queue.sampling.max_new_tokens
         call = Call(plan, min(room, budget, asked or budget), episode.index)
         with self.live_lock:
@@ -293,6 +293,11 @@ class AgentRunner:
             if isinstance(prompt, str):
                 return episode.plan_ids(self.renderer.prompt_ids(prompt))
             if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                vocab = len(self.renderer.tokenizer)
+                bad = next((t for t in prompt if not 0 <= t < vocab), None)
+                if bad is not None:  # (the engine would refuse the whole call, every episode's in it)
+                    raise ApiError(400, f"prompt: token id {bad} is not in the vocabulary [0, {vocab})",
+                                   param="prompt")
                 return episode.plan_ids(prompt)
         except RenderError as e:
             raise ApiError(400, str(e), param="messages") from None
@@ -324,6 +329,18 @@ def _shared_http(connections: int):
     import openai
     return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=connections,
                                                          max_keepalive_connections=connections))
+
+
+def _asked_tokens(request) -> Optional[int]:
+    """The call's max_completion_tokens (or max_tokens: no deprecation here), None when unset; ApiError 400 below 1,
+    which the engine would refuse for the whole call it joins (every episode's in it)."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        asked = vars(request).get(name)
+        if asked is not None:
+            if asked < 1:
+                raise ApiError(400, f"{name}: must be at least 1, got {asked}", param=name)
+            return asked
+    return None
 
 
 def _validated(kind: str, body: dict):

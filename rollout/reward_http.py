@@ -7,13 +7,15 @@ The contract, one POST per batch of `reward.url_batch` completions (`reward.url_
 
 `metadata` holds the dataset's other columns, aligned with the completions, as a reward function's keyword
 arguments are. A request that cannot connect, times out, or is answered 429 or 5xx is retried with exponential
-backoff (`reward.url_retries` times); any other status, or an answer of the wrong shape, is an error at once. The
-whole step's scoring shares one deadline, `reward.timeout_s`. Errors name the URL, the status and the body's start.
+backoff (`reward.url_retries` times); any other status, an answer of the wrong shape, or a reward that is not a
+finite number is an error at once. The whole step's scoring shares one deadline, `reward.timeout_s`, however slowly
+an answer arrives. Errors name the URL, the status and the body's start.
 `python -m rlhf.reward_server --fn package.module:function` serves any reward function under this contract.
 """
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +24,19 @@ from concurrent.futures import ThreadPoolExecutor
 from common.errors import UserError
 
 BACKOFF_S = 0.5  # the first retry's wait; doubled each time
+
+
+def _read_by(answer, deadline: float) -> bytes:
+    """The whole answer, or TimeoutError once `deadline` passes: urlopen's timeout bounds each socket read, so a
+    service that trickles its bytes would otherwise hold the step for as long as it trickles."""
+    parts = []
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer was still arriving at the deadline")
+        part = answer.read1(65536)
+        if not part:
+            return b"".join(parts)
+        parts.append(part)
 
 
 class HttpReward:
@@ -52,7 +67,7 @@ class HttpReward:
                                              headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=left) as answer:
-                    return self._rewards(answer.read(), len(body["completions"]))
+                    return self._rewards(_read_by(answer, deadline), len(body["completions"]))
             except urllib.error.HTTPError as e:
                 why = f"HTTP {e.code} {e.read()[:300].decode(errors='replace')!r}"
                 if e.code != 429 and e.code < 500:
@@ -71,6 +86,12 @@ class HttpReward:
         except (json.JSONDecodeError, AttributeError):
             rewards = None
         if not isinstance(rewards, list) or len(rewards) != n:
-            raise UserError(f"reward.url = {self.url} answered {raw[:200]!r}; it must answer "
+            got = f"{len(rewards)} rewards" if isinstance(rewards, list) else repr(raw[:200])
+            raise UserError(f"reward.url = {self.url} answered {got} for {n} completions; it must answer "
                             f'{{"rewards": [...]}} with one number per completion ({n} sent)')
+        bad = next((i for i, r in enumerate(rewards) if isinstance(r, bool) or not isinstance(r, (int, float))
+                    or not math.isfinite(r)), None)
+        if bad is not None:  # (as the agent path refuses them: a NaN would only skip the step, unexplained)
+            raise UserError(f"reward.url = {self.url} answered reward {rewards[bad]!r} for completion {bad} of the "
+                            f"batch; every reward must be a finite number")
         return rewards

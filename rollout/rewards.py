@@ -188,6 +188,8 @@ def score(fn: RewardFn, prompts: list, completions: list[str], metadata: dict[st
     name = getattr(fn, "__qualname__", repr(fn))
     try:
         rewards = fn(prompts, completions, **metadata)
+    except UserError:  # already says which reward and what is wrong (reward.url's errors)
+        raise
     except Exception as e:  # a user function can raise anything; report which one and on what
         raise UserError(f"reward function {name} raised {type(e).__name__}: {e} "
                         f"(first sample: prompt={prompts[0]!r}, completion={completions[0]!r})") from e

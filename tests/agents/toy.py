@@ -87,6 +87,9 @@ def prober(row, client):
     except urllib.error.HTTPError as e:
         SEEN.append(("json", e.code, None))
     SEEN.append(("models", 200, [m.id for m in client.models.list().data]))
+    # what the engine would refuse for the whole call it joins: answered 400 here, the run and other episodes go on
+    SEEN.append(("negative", *_status(lambda: chat(model="policy", messages=ask, max_tokens=-1))))
+    SEEN.append(("oov", *_status(lambda: client.completions.create(model="policy", prompt=[5, 10 ** 7], max_tokens=2))))
     SEEN.append(("good", *_status(lambda: chat(model="policy", messages=ask, max_tokens=3))))
     text = client.completions.create(model="policy", prompt="12", max_tokens=3, extra_body={"return_token_ids": True})
     SEEN.append(("completions", 200, text.model_extra.get("prompt_token_ids")))

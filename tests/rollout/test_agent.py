@@ -175,6 +175,7 @@ def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
         seen = {what: (status, code) for what, status, code in toy.SEEN if what != "more"}
         assert seen["stream"][0] == seen["n"][0] == seen["tools"][0] == seen["json"][0] == 400
         assert seen["long"] == (400, "context_length_exceeded") and seen["good"] == (200, None)
+        assert seen["negative"][0] == seen["oov"][0] == 400  # (they ended the whole run before)
         assert seen["models"][1] == ["policy"] and seen["completions"][1]  # the prompt's token ids, as asked
         assert [x[1:] for x in toy.SEEN if x[0] == "more"] == [(200, None), (400, "max_calls_exceeded"),
                                                                (400, "max_calls_exceeded")]

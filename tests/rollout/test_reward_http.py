@@ -52,12 +52,16 @@ class Flaky(BaseHTTPRequestHandler):
         Flaky.calls += 1
         if what == "hang":
             time.sleep(3)
-        body = json.dumps({"rewards": [1.0] * (n - 1 if what == "short" else n)} if what in (200, "short", "hang")
-                          else {"error": "busy"}).encode()
+        rewards = [float("nan") if what == "nan" else "high" if what == "text" else 1.0] * n
+        body = json.dumps({"rewards": rewards[:n - 1] if what == "short" else rewards}
+                          if what in (200, "short", "hang", "nan", "text", "trickle") else {"error": "busy"}).encode()
         self.send_response(what if isinstance(what, int) else 200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        for i in range(0, len(body), 1 if what == "trickle" else len(body)):  # a byte at a time, or all at once
+            self.wfile.write(body[i:i + (1 if what == "trickle" else len(body))])
+            self.wfile.flush()
+            time.sleep(0.2 if what == "trickle" else 0.0)
 
     def log_message(self, *args):
         pass
@@ -67,11 +71,14 @@ class Flaky(BaseHTTPRequestHandler):
     ([503, 429, 500], 3, 30.0, None),  # retried with backoff until it answers
     ([500] * 5, 2, 30.0, "2 retries; last: HTTP 500 .*busy"),
     ([404], 3, 30.0, "answered HTTP 404"),  # a rejected request is not retried
-    (["short"], 3, 30.0, "one number per completion \\(2 sent\\)"),
+    (["short"], 3, 30.0, "answered 1 rewards for 2 completions"),
     (["hang", "hang"], 1, 1.0, "within reward.timeout_s = 1 s"),
+    (["trickle"], 0, 1.0, "within reward.timeout_s = 1 s"),  # each byte in time, the answer not: held 77 s before
+    (["nan"], 3, 30.0, "answered reward nan for completion 0 .* must be a finite number"),  # trained nothing before
+    (["text"], 3, 30.0, "answered reward 'high' for completion 0"),
 ])
 def test_a_failing_service_is_retried_then_named(plan, retries, timeout_s, error):
-    Flaky.plan, Flaky.calls = plan, 0
+    Flaky.plan, Flaky.calls, start = plan, 0, time.monotonic()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
     server.daemon_threads = True
     fn = HttpReward(_serve(server), retries=retries, timeout_s=timeout_s)
@@ -82,6 +89,8 @@ def test_a_failing_service_is_retried_then_named(plan, retries, timeout_s, error
             with pytest.raises(UserError, match=error) as e:
                 fn(["p", "q"], ["a", "b"])
             assert "reward.url = http://127.0.0.1:" in str(e.value)
+            assert str(e.value).count("reward.url =") == 1  # said once, not wrapped again
+            assert time.monotonic() - start < timeout_s + 5
     finally:
         server.shutdown()
 
@@ -103,3 +112,18 @@ def test_the_reward_server_command_says_what_is_wrong(capsys):
         assert "choose another --port" in capsys.readouterr().err
     finally:
         taken.server_close()
+
+
+def test_a_reward_services_error_reaches_the_run_said_once():
+    """Through the run's scoring (rollout.rewards.score): the service's own message, not wrapped in 'reward
+    function ... raised UserError: reward.url = ...'."""
+    Flaky.plan, Flaky.calls = ["nan"], 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    server.daemon_threads = True
+    fn = reward_fn_for(RewardConfig(url=_serve(server), url_retries=0), None)
+    try:
+        with pytest.raises(UserError) as e:
+            score_rows(fn, [{"prompt": "p", "answer": "1"}], ["a"])
+        assert str(e.value).startswith("reward.url = http://127.0.0.1:") and "raised" not in str(e.value)
+    finally:
+        server.shutdown()
