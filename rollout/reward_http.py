@@ -77,6 +77,9 @@ class HttpReward:
                 why = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
             if attempt < self.retries:
                 time.sleep(max(0.0, min(BACKOFF_S * 2 ** attempt, deadline - time.monotonic())))
+        if time.monotonic() < deadline:  # the retries ran out first: say so, not the deadline
+            raise UserError(f"reward.url = {self.url} gave no rewards in {attempt + 1} attempts (reward.url_retries = "
+                            f"{self.retries}); last: {why}")
         raise UserError(f"reward.url = {self.url} gave no rewards within reward.timeout_s = {self.timeout_s:g} s and "
                         f"{self.retries} retries; last: {why}")
 

@@ -69,7 +69,7 @@ class Flaky(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("plan, retries, timeout_s, error", [
     ([503, 429, 500], 3, 30.0, None),  # retried with backoff until it answers
-    ([500] * 5, 2, 30.0, "2 retries; last: HTTP 500 .*busy"),
+    ([500] * 5, 2, 30.0, "no rewards in 3 attempts \\(reward.url_retries = 2\\); last: HTTP 500 .*busy"),
     ([404], 3, 30.0, "answered HTTP 404"),  # a rejected request is not retried
     (["short"], 3, 30.0, "answered 1 rewards for 2 completions"),
     (["hang", "hang"], 1, 1.0, "within reward.timeout_s = 1 s"),
