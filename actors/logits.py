@@ -131,7 +131,7 @@ class DeferredHead:
             return hidden if self.deferred else self._forward(hidden)
         unhooked = _Unhooked(self._forward, self.module)
         logp, ent = head_logprobs(hidden, unhooked, targets, temperature, entropy, self.chunk_rows)
-        if not len(hidden) and logp.requires_grad is False and torch.is_grad_enabled() and hidden.requires_grad:
+        if not len(hidden) and not logp.requires_grad and torch.is_grad_enabled() and hidden.requires_grad:
             # no trained position on this rank: a zero through the head all the same, so its weight gets a
             # gradient (zero) as on the other ranks, whose reduction ZeRO waits for
             logp = logp + self._forward(hidden.new_zeros(1, hidden.shape[-1])).sum() * 0.0

@@ -69,16 +69,16 @@ def _times(ratio: float) -> str:
     return f"{ratio:.2f}x" if ratio >= 0.1 else f"1/{1 / ratio:.0f} of"
 
 
-def choose_dtype(requested: str, device: Device, uses_bf16: bool = False) -> Choice:
+def choose_dtype(requested: str, device: Device, uses_bf16: bool = False, key: str = "model.dtype") -> Choice:
     """model.dtype as it runs: `auto` is bfloat16 where the device runs bf16 fast, else float32; any other value is
     kept, with a warning when it (or `uses_bf16`: a bf16-mixed trainer) puts bf16 matmuls on a device that runs
-    them slowly."""
+    them slowly. `key`: the setting the warning names (a command's --dtype)."""
     fast = bf16_is_fast(device)
     if requested == "auto":
         return Choice("bfloat16" if fast else "float32", why(device))
     if (requested == "bfloat16" or uses_bf16) and not fast:
-        what = "model.dtype=bfloat16" if requested == "bfloat16" else "trainer.precision=bf16-mixed"
-        fix = "model.dtype=auto or float32" if requested == "bfloat16" else "trainer.precision=fp32"
+        what = f"{key}=bfloat16" if requested == "bfloat16" else "trainer.precision=bf16-mixed"
+        fix = f"{key}=auto or float32" if requested == "bfloat16" else "trainer.precision=fp32"
         return Choice(requested, why(device), f"{what} will run slowly: {why(device)}. Set {fix}")
     return Choice(requested, why(device))
 

@@ -24,9 +24,9 @@ def engine_dtype(requested: str) -> str:
     import torch
 
     from common.fast_dtype import choose_dtype, run_device
-    choice = choose_dtype(requested, run_device(torch.cuda.device_count(), os.cpu_count() or 1))
+    choice = choose_dtype(requested, run_device(torch.cuda.device_count(), os.cpu_count() or 1), key="--dtype")
     if choice.warning:
-        print(f"warning: {choice.warning.replace('model.dtype', '--dtype')}", file=sys.stderr)
+        print(f"warning: {choice.warning}", file=sys.stderr)
     return choice.dtype
 
 

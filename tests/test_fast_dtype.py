@@ -14,6 +14,14 @@ EVEN = Device("cpu", bf16_gflops=100.0, fp32_gflops=100.0, isa="AVX512", threads
 H100, V100, UNSEEN_GPU = Device("cuda", capability=(9, 0)), Device("cuda", capability=(7, 0)), Device("cuda")
 
 
+def force_probe(tmp_path, monkeypatch, threads: int, device: Device) -> None:
+    """This machine's probe on `threads` threads read as `device`'s, through the probe's own cache file."""
+    cache = tmp_path / "probe.json"
+    entry = {k: getattr(device, k) for k in ("bf16_gflops", "fp32_gflops", "isa", "threads")}
+    cache.write_text(json.dumps({cpu_key(threads): entry}))
+    monkeypatch.setenv("RLHF_BF16_PROBE", str(cache))
+
+
 @pytest.mark.parametrize("requested, device, uses_bf16, dtype, warns", [
     ("auto", AVX2, False, "float32", False),
     ("auto", AVX512_NO_AMX, False, "float32", False),
@@ -74,10 +82,7 @@ def test_the_probe_measures_both_dtypes_and_is_cached_per_machine(tmp_path, monk
 
 @pytest.mark.parametrize("probe, dtype, precision", [(AVX2, "float32", "fp32"), (AMX, "bfloat16", "bf16-mixed")])
 def test_the_config_resolves_auto_once_and_saves_what_runs(tmp_path, monkeypatch, probe, dtype, precision):
-    cache = tmp_path / "probe.json"
-    entry = {k: getattr(probe, k) for k in ("bf16_gflops", "fp32_gflops", "isa", "threads")}
-    cache.write_text(json.dumps({cpu_key(2): entry}))
-    monkeypatch.setenv("RLHF_BF16_PROBE", str(cache))
+    force_probe(tmp_path, monkeypatch, 2, probe)
     cfg = load_config("examples/smollm2_math_grpo_lora.yaml", ["placement.cpu_threads=2"])
     assert (cfg.model.dtype, cfg.trainer.precision) == (dtype, precision)
     plain = load_config("examples/smollm2_math_grpo.yaml", ["placement.cpu_threads=2"])
@@ -89,10 +94,7 @@ def test_the_agent_server_picks_its_engine_dtype_the_same_way(tmp_path, monkeypa
     import os
 
     from rlhf.agent_serve import engine_dtype
-    cache = tmp_path / "probe.json"
-    entry = {k: getattr(AVX2, k) for k in ("bf16_gflops", "fp32_gflops", "isa", "threads")}
-    cache.write_text(json.dumps({cpu_key(os.cpu_count() or 1): entry}))
-    monkeypatch.setenv("RLHF_BF16_PROBE", str(cache))
+    force_probe(tmp_path, monkeypatch, os.cpu_count() or 1, AVX2)
     assert engine_dtype("auto") == "float32" and capsys.readouterr().err == ""
     assert engine_dtype("bfloat16") == "bfloat16"
     assert "warning: --dtype=bfloat16 will run slowly" in capsys.readouterr().err

@@ -17,7 +17,7 @@ ASYNC_TIS_MASK = (0.5, 5.0)  # and tis_mask_low / tis_mask_high (IcePop's bounds
 
 def resolved(cfg: RunConfig) -> RunConfig:
     """`cfg` with every machine- or key-dependent default filled in; a value the user set is kept (idempotent)."""
-    cfg = with_machine_dtype(cfg)
+    cfg = with_machine_dtype(with_worker_threads(cfg))  # (the dtype's probe runs on the workers' threads)
     r, pl, a = cfg.rollout, cfg.placement, cfg.algorithm
     hybrid = pl.mode == "hybrid"  # the engine core stays in the rank's process
     warn = r.logprob_diff_warn if r.logprob_diff_warn is not None else LOGPROB_DIFF_WARN[cfg.model.dtype]
@@ -32,16 +32,20 @@ def resolved(cfg: RunConfig) -> RunConfig:
     placement = replace(pl, reference_ranks=reference_ranks(pl.reference_ranks, pl.mode, pl.num_gpus,
                                                             cfg.trainer.world_size))
     trainer = replace(cfg.trainer, precision=precision_of(cfg.trainer.precision, cfg.model.dtype))
-    out = replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement, trainer=trainer)
-    ranks = role_ranks(out) if cfg.stage == "rl" else {"policy": 1}
-    threads = cpu_threads(pl.cpu_threads, busy_at_once(out, ranks))
-    return replace(out, placement=replace(placement, cpu_threads=threads))
+    return replace(cfg, rollout=rollout, algorithm=algorithm, placement=placement, trainer=trainer)
+
+
+def with_worker_threads(cfg: RunConfig) -> RunConfig:
+    """placement.cpu_threads filled in (`cpu_threads`) for the workers this run starts."""
+    ranks = role_ranks(cfg) if cfg.stage == "rl" else {"policy": 1}
+    threads = cpu_threads(cfg.placement.cpu_threads, busy_at_once(cfg, ranks))
+    return replace(cfg, placement=replace(cfg.placement, cpu_threads=threads))
 
 
 def with_machine_dtype(cfg: RunConfig) -> RunConfig:
     """`model.dtype: auto` made bfloat16 or float32 by what the run's device does with bf16 (common.fast_dtype), and
     a bf16 trainer.precision the recipe names made fp32 where auto chose float32. Engines and trainers both read
-    model.dtype, so they agree."""
+    model.dtype, so they agree. `cfg`'s placement.cpu_threads is resolved."""
     if cfg.model.dtype != "auto":
         return cfg
     from common.fast_dtype import choose_dtype, trainer_precision
@@ -51,11 +55,10 @@ def with_machine_dtype(cfg: RunConfig) -> RunConfig:
 
 
 def machine_device(cfg: RunConfig):
-    """The device the run's models compute on (common.fast_dtype.Device), probed on the threads a worker gets."""
+    """The device the run's models compute on (common.fast_dtype.Device), probed on the threads a worker gets
+    (placement.cpu_threads, resolved)."""
     from common.fast_dtype import run_device
-    threads = cpu_threads(cfg.placement.cpu_threads, busy_at_once(cfg, role_ranks(cfg) if cfg.stage == "rl"
-                                                                  else {"policy": 1}))
-    return run_device(cfg.placement.num_gpus, threads)
+    return run_device(cfg.placement.num_gpus, cfg.placement.cpu_threads)
 
 
 def require_resolved(cfg: RunConfig) -> None:
