@@ -11,7 +11,7 @@ from actors.ds_model import DSModel
 from algorithms.ppo import value_loss
 from common.batch import Batch
 from common.dtypes import weights_dtype
-from common.options import AlgorithmConfig, TrainerConfig, precision_of
+from common.schema import AlgorithmConfig, TrainerConfig, precision_of
 
 
 def _values(mb: Batch, out) -> torch.Tensor:

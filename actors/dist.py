@@ -26,7 +26,7 @@ def clear_stale_locks(folder: str, max_age_s: float = 900.0) -> None:
 
 def skip_shm_allreduce_build() -> None:
     """DeepSpeed's CPU backend compiles a shared-memory all-reduce op (`deepspeed_shm_comm`) when it starts, a g++
-    build of tens of seconds on each new machine (docs/performance.md). Only DeepSpeed's inference tensor
+    build of tens of seconds on each new machine (benchmarks/results/startup.md). Only DeepSpeed's inference tensor
     parallelism calls it (`inference_all_reduce`); training reduces through torch.distributed (gloo). Marking it
     unavailable is the flag DeepSpeed's own `build_shm_op` reads, so the backend starts without it: no method is
     replaced."""

@@ -10,23 +10,23 @@ from typing import Callable, Optional
 
 import torch
 
+from actors.batching.microbatch import budget_grouped, length_grouped, map_grouped, map_pieces
+from actors.batching.packing import micro_batches_needed, pack_rows, unpack_rows
+from actors.batching.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks,
+                                            mask_align, plan_prefixes, share_prefixes)
 from actors.dist import init_deepspeed_distributed
 from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.precision import fresh_adam, master_state_dict, start_masters
-from common.batch import (Batch, attention_inputs, budget_grouped, first_target, length_grouped, map_grouped,
-                          map_pieces, split_batch)
+from common.batch import Batch, attention_inputs, first_target, split_batch
 from common.dtypes import autocast
-from common.options import TrainerConfig, precision_of
-from common.packing import micro_batches_needed, pack_rows, unpack_rows
-from common.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks, mask_align,
-                                   plan_prefixes, share_prefixes)
+from common.schema import TrainerConfig, precision_of
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
 
 
 def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
-    """`dtype`: model.dtype, which sets the precision where trainer.precision is null (common.options.precision_of);
+    """`dtype`: model.dtype, which sets the precision where trainer.precision is null (common.schema.precision_of);
     only the 16-bit "true" precisions keep 16-bit weights with fp32 masters (bf16-mixed autocasts fp32 weights)."""
     precision = precision_of(tr.precision, dtype)
     grad_accum = tr.batch_size // (tr.micro_batch_size * world_size)
@@ -164,7 +164,7 @@ class DSModel:
 
     def _shared_forward(self, mb: Batch, plan: PrefixPlan) -> PackedOutput:
         """trainer.shared_prefix: rows with the same prompt as one row, the prompt computed once
-        (common.prefix_sharing); the output comes back in the padded layout from the first trained position on."""
+        (actors/batching/prefix_sharing.py); the output comes back in the padded layout from the first trained position on."""
         layout = share_prefixes(mb["input_ids"].cpu(), plan)
         start = first_target(mb["loss_mask"]) if self.trims_logits else 0
         mask = layer_masks(layout, getattr(self.module, "config", None), self.mask_dtype, self.device)

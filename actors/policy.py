@@ -22,7 +22,7 @@ from algorithms.sft import nll_loss
 from common.batch import Batch, sequence_logprobs
 from common.dtypes import DTYPES, weights_dtype
 from common.net import node_address
-from common.options import AlgorithmConfig, LoraConfig, TrainerConfig, precision_of
+from common.schema import AlgorithmConfig, LoraConfig, TrainerConfig, precision_of
 from rollout.sync import WeightSender, drain
 from rollout.sync.buckets import TensorSpec, spec_of
 

@@ -6,11 +6,12 @@ from typing import Optional
 
 import torch
 
+from actors.batching.microbatch import map_grouped
 from actors.dist import releases_gpu_cache
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, shifted_logprobs, takes_logits_to_keep
-from common.batch import Batch, attention_inputs, map_grouped
+from common.batch import Batch, attention_inputs
 from common.dtypes import autocast, weights_dtype
-from common.options import precision_of
+from common.schema import precision_of
 
 
 class ReferenceModel:

@@ -6,12 +6,13 @@ from typing import Optional
 
 import torch
 
+from actors.batching.microbatch import map_grouped
 from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel
 from algorithms.reward import bradley_terry_loss
-from common.batch import Batch, map_grouped
+from common.batch import Batch
 from common.dtypes import DTYPES, weights_dtype
-from common.options import TrainerConfig, precision_of
+from common.schema import TrainerConfig, precision_of
 
 
 def _load(model_path: str, dtype: torch.dtype, trust_remote_code: bool):

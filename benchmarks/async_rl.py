@@ -4,7 +4,7 @@ variant and seed, in one run on one machine.
     python benchmarks/async_rl.py --model tiny --steps 30                  # examples/sort_grpo.yaml, a cached SFT model
     python benchmarks/async_rl.py --model real --steps 10                  # examples/smollm2_math_grpo.yaml (SmolLM2)
     python benchmarks/async_rl.py --model real --max-new-tokens 512 --variants k0,k1,k2,k1-recompute,k1-chunked \\
-        --seeds 0,1,2                                                       # issue #44's long-generation table
+        --seeds 0,1,2                                                       # the long-generation table
 
 A variant is `k<K>` (in-flight, rollout.inflight_kv keep), `k<K>-recompute`, or `k<K>-chunked`: the design before
 in-flight updates (every chunk_tokens each sequence left the engine and was sent back with its whole context), run

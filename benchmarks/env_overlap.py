@@ -1,10 +1,10 @@
 """Multi-turn rollouts with a slow environment: trajectories per second when environments step while the engine
-generates other trajectories' turns (rollout.trajectory's default) against turn-synchronous rollouts (every
+generates other trajectories' turns (rollout.multiturn.trajectory's default) against turn-synchronous rollouts (every
 trajectory's turn generated, then every environment stepped, then the next turn), the same work in both.
 
     python benchmarks/env_overlap.py [--size 1M] [--rows 32] [--n 4] [--sleep 0.5] [--workers 64] [--repeats 3]
 
-The environment is the number-guessing game (rollout.guess) with a fixed sleep in every step, as a tool call or a
+The environment is the number-guessing game (rollout.multiturn.guess) with a fixed sleep in every step, as a tool call or a
 sandbox would take. One vLLM engine in a Ray actor; the modes alternate, the table gives medians and the ratio.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.helpers import SIZES, build, print_table  # noqa: E402
 from common.remote import python_path  # noqa: E402
-from rollout.guess import GuessNumber  # noqa: E402
+from rollout.multiturn.guess import GuessNumber  # noqa: E402
 
 
 class SlowGuess(GuessNumber):
@@ -45,17 +45,18 @@ def main() -> None:
 
     import ray
 
-    from common.options import EnvConfig
+    from common.schema import EnvConfig
     from rollout.engine import SamplingConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
+    from rollout.multiturn.trajectory import TrajectoryRunner
     from rollout.render import PromptRenderer
-    from rollout.trajectory import TrajectoryRunner
 
     model = build(args.size)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {
                  "PYTHONPATH": python_path(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}})
-    group = RolloutGroup.create(1, dict(model_path=model, dtype="float32", max_model_len=256, kv_cache_mb=32))
+    group = RolloutGroup.create(1, dict(model_path=model, dtype="float32", max_model_len=256, kv_cache_mb=32), engine_cls=VLLMEngine)
     renderer = PromptRenderer.from_pretrained(model)
     rng = random.Random(0)
     rows = [{"secret": rng.randint(1, 15), "high": 15} for _ in range(args.rows)]

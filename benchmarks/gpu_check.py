@@ -147,16 +147,17 @@ def ipc_row(path: str, args) -> dict:
     from actors.group import ActorGroup
     from actors.policy import PolicyTrainer
     from rlhf.rl.placement import Placement
+    from rollout.engines.hf import HFEngine
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync
-    from rollout.hf_engine import HFEngine
     from rollout.sync.buckets import bucket_nbytes, plan_buckets
 
     placement = Placement("colocate", 1 if torch.cuda.is_available() else 0, {"policy": 1, "rollout": 1})
     tr = TrainerConfig(lr=1e-3, batch_size=args.micro, micro_batch_size=args.micro, warmup_steps=0, zero_stage=2)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 1, placement.options["policy"], model_path=path, tr=tr,
                           dtype=args.dtype)
-    group = RolloutGroup.create(1, dict(model_path=path, dtype=args.dtype), placement.options["rollout"], HFEngine)
+    group = RolloutGroup.create(1, dict(model_path=path, dtype=args.dtype), placement.options["rollout"],
+                                engine_cls=HFEngine)
     try:
         specs = trainers.weight_specs()
         plan = plan_buckets(specs, args.bucket_mb << 20)
@@ -183,8 +184,8 @@ def hybrid_row(path: str, args) -> dict:
     from actors.group import ActorGroup
     from actors.hybrid import HybridWorker
     from rlhf.rl.placement import Placement
+    from rollout.engines.hf import HFEngine
     from rollout.group import RolloutGroup
-    from rollout.hf_engine import HFEngine
     from rollout.sync import setup_sync
     from rollout.sync.buckets import plan_buckets
 
@@ -245,14 +246,14 @@ def rule_rows(gpu: dict) -> list[dict]:
 
 def reap_row(path: str) -> dict:
     """Issue 41: a multiprocess vLLM engine killed with -9 leaves its engine core holding GPU memory; Ray restarts
-    the actor, whose start ends the orphan (rollout.reap) and must then allocate its own share."""
+    the actor, whose start ends the orphan (rollout.engines.reap) and must then allocate its own share."""
     import signal
 
     import psutil
     import ray
 
     from common.remote import make_actor
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.engines.vllm import VLLMEngine
     row = {"finding": "41: a killed engine's core reaped, the restart allocates"}
     engine = make_actor(VLLMEngine, "rollout engine 0", {"num_gpus": 1, "max_restarts": 1, "max_task_retries": -1},
                         path, dtype="bfloat16", max_model_len=512, gpu_memory_utilization=0.6, multiprocess=True)

@@ -1,4 +1,4 @@
-"""Which opening lets SmolLM2-135M-Instruct play the guessing game (rollout.guess)? For each candidate opening: how
+"""Which opening lets SmolLM2-135M-Instruct play the guessing game (rollout.multiturn.guess)? For each candidate opening: how
 often the model's first turn is a bare number or holds one, and, after a first guess of 5 answered "higher", how often
 its next turn names a number in the range it was told. Sampled by vLLM at the recipe's temperature, 16 samples each,
 through the checkpoint's chat template. Prints a table (docs/real-model.md quotes it).
@@ -35,7 +35,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     from rlhf import smollm2
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.engines.vllm import VLLMEngine
 
     path = smollm2.model_dir()
     tok = AutoTokenizer.from_pretrained(path)

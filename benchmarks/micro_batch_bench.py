@@ -55,7 +55,7 @@ def main() -> None:
     import torch
 
     from actors.policy import PolicyTrainer
-    from common.options import AlgorithmConfig, TrainerConfig
+    from common.schema import AlgorithmConfig, TrainerConfig
 
     torch.set_num_threads(1)
     model = build(args.size)

@@ -111,7 +111,7 @@ def bench_train(path: str, batch: dict, args) -> tuple[object, dict[str, float]]
     from actors.policy import PolicyTrainer
     from benchmarks.train_phase import BareLoop
     from common.dtypes import DTYPES
-    from common.options import AlgorithmConfig, TrainerConfig
+    from common.schema import AlgorithmConfig, TrainerConfig
 
     tr = TrainerConfig(lr=1e-6, batch_size=len(batch["input_ids"]), micro_batch_size=16, warmup_steps=0,
                        grad_clip=1.0)
@@ -147,9 +147,9 @@ def main() -> None:
     from rlhf.config import EvalConfig
     from rlhf.stages.evaluate import evaluate
     from rollout.engine import SamplingConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward
-    from rollout.vllm_engine import VLLMEngine
 
     torch.set_num_threads(args.threads)
     path, dtype = smollm2.provision(), DTYPES[args.dtype]

@@ -64,11 +64,11 @@ def one_model(name: str, lr: float) -> list:
     import torch
 
     from actors.policy import PolicyTrainer
-    from common.options import AlgorithmConfig, TrainerConfig
+    from common.schema import AlgorithmConfig, TrainerConfig
     from rlhf import models
     from rollout.engine import SamplingConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.render import PromptRenderer
-    from rollout.vllm_engine import VLLMEngine
 
     path = models.provision(name)
     renderer = PromptRenderer.from_pretrained(path)

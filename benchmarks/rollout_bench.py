@@ -21,10 +21,10 @@ from benchmarks.helpers import SIZES, build, n_params, print_table  # noqa: E402
 def bench(engine: str, n_engines: int, path: str, prompts, sampling, repeats: int) -> list:
     from rollout.group import RolloutGroup
     if engine == "vllm":
-        from rollout.vllm_engine import VLLMEngine as cls
+        from rollout.engines.vllm import VLLMEngine as cls
         kwargs = dict(model_path=path, max_model_len=128, kv_cache_mb=64)
     else:
-        from rollout.hf_engine import HFEngine as cls
+        from rollout.engines.hf import HFEngine as cls
         kwargs = dict(model_path=path)
     start = time.perf_counter()
     group = RolloutGroup.create(n_engines, kwargs, engine_cls=cls)

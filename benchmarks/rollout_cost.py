@@ -72,8 +72,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=4)
     args = p.parse_args()
     from rlhf import smollm2
+    from rollout.engines.vllm import VLLMEngine
     from rollout.render import PromptRenderer
-    from rollout.vllm_engine import VLLMEngine
 
     path = smollm2.provision()
     rows = [json.loads(line) for line in open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl"))]

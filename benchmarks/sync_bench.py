@@ -26,7 +26,7 @@ class Hybrid:
     def __init__(self, path: str, engine_kwargs: dict):
         from actors.policy import PolicyTrainer
         from rlhf.config import TrainerConfig
-        from rollout.vllm_engine import VLLMEngine
+        from rollout.engines.vllm import VLLMEngine
         self.trainer = PolicyTrainer(path, TrainerConfig(batch_size=8, micro_batch_size=8))
         self.engine = VLLMEngine(path, **engine_kwargs)
 
@@ -47,7 +47,7 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     path = build(size)
     engine_kwargs = dict(model_path=path, max_model_len=128, kv_cache_mb=16)
     trainer = make_actor(PolicyTrainer, "trainer", {}, path, TrainerConfig(batch_size=8, micro_batch_size=8))
-    group = RolloutGroup.create(n_engines, engine_kwargs)
+    group = RolloutGroup.create(n_engines, engine_kwargs, engine_cls=VLLMEngine)
     specs = ray_get([trainer.weight_specs.remote()], 600, ["trainer"])[0]
     nbytes = sum(s.nbytes for s in specs)
     plan = plan_buckets(specs, 64 << 20)

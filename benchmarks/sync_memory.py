@@ -64,6 +64,7 @@ def main() -> None:
     from actors.policy import PolicyTrainer
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
     from rollout.sync.buckets import plan_buckets
@@ -72,7 +73,7 @@ def main() -> None:
              runtime_env={"env_vars": {"PYTHONPATH": python_path(os.getcwd())}})
     path = build(a.size)
     trainer = make_actor(PolicyTrainer, "trainer", {}, path, TrainerConfig(batch_size=8, micro_batch_size=8))
-    group = RolloutGroup.create(1, dict(model_path=path, max_model_len=128, kv_cache_mb=16))
+    group = RolloutGroup.create(1, dict(model_path=path, max_model_len=128, kv_cache_mb=16), engine_cls=VLLMEngine)
     specs = ray_get([trainer.weight_specs.remote()], 600, ["trainer"])[0]
     plan = plan_buckets(specs, a.bucket_mb << 20)
     if a.channel == "ipc":

@@ -143,7 +143,7 @@ def main() -> None:
     import torch
 
     from actors.policy import PolicyTrainer
-    from common.options import AlgorithmConfig, TrainerConfig
+    from common.schema import AlgorithmConfig, TrainerConfig
 
     torch.set_num_threads(1)
     model = args.model or build(args.size)

@@ -176,7 +176,7 @@ def exact_match(cfg, model_dir: str) -> float:
 
     from rlhf.stages.data import make_renderer, prompt_rows
     from rlhf.stages.evaluate import evaluate
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf import HFEngine
     from rollout.rewards import resolve_reward_fn
 
     torch.set_num_threads(1)

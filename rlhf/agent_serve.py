@@ -44,10 +44,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
 
     from common.errors import UserError
-    from common.options import AgentConfig
     from common.remote import init_ray
-    from rollout.agent import AgentRunner
+    from common.schema import AgentConfig
+    from rollout.agents.runner import AgentRunner
     from rollout.engine import SamplingConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     from rollout.render import PromptRenderer
 
@@ -60,7 +61,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         dtype = engine_dtype(args.dtype)
         init_ray()
         group = RolloutGroup.create(1, dict(model_path=args.model, dtype=dtype, max_model_len=args.max_model_len,
-                                            kv_cache_mb=1024))
+                                            kv_cache_mb=1024), engine_cls=VLLMEngine)
         runner = AgentRunner(group, renderer, cfg, args.max_model_len)
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

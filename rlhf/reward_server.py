@@ -1,4 +1,4 @@
-"""A reward function served over HTTP under reward.url's contract (rollout.reward_http): the reference server, and a
+"""A reward function served over HTTP under reward.url's contract (rollout.rewards.http): the reference server, and a
 way to put a verifier or a judge on another machine.
 
     python -m rlhf.reward_server --fn package.module:function --port 8001   # or a built-in: --fn math

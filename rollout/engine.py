@@ -35,14 +35,14 @@ class Sample:
     # compactly (a Python float list, or a small torch tensor with its pickling overhead, is several times larger)
     rollout_logprobs: np.ndarray
     finish_reason: str  # "stop" (an eos or stop token, kept as the last completion id) or "length"
-    # multi-turn (rollout.trajectory): true on the completion ids the model sampled, false on the observations
+    # multi-turn (rollout.multiturn.trajectory): true on the completion ids the model sampled, false on the observations
     # between its turns (their rollout_logprobs are 0); None = every completion id was sampled
     completion_mask: Optional[list[bool]] = None
     env: Optional["EnvOutcome"] = None  # multi-turn: what the environment gave
     # rollout.max_staleness > 0: the policy version (updates applied) that sampled each completion id, (T,) int32;
     # None = all by the weights of the step that trains it
     versions: Optional[np.ndarray] = None
-    # an agent episode whose calls broke its history (rollout.agent_episode): where each later context starts in
+    # an agent episode whose calls broke its history (rollout.agents.episode): where each later context starts in
     # prompt_ids + completion_ids; each context is its own sequence (positions restart, it sees only itself)
     segments: Optional[list[int]] = None
 
@@ -50,8 +50,8 @@ class Sample:
 @dataclass
 class EnvOutcome:
     """A trajectory's account from its environment: summed reward, model turns, seconds spent in reset/step, and
-    whether it ended on an environment error or timeout (then reward 0); for an agent (rollout.agent): its reward,
-    its calls, its seconds, and how many times it rewrote its history (rollout.agent_episode)."""
+    whether it ended on an environment error or timeout (then reward 0); for an agent (rollout.agents.runner): its reward,
+    its calls, its seconds, and how many times it rewrote its history (rollout.agents.episode)."""
 
     reward: float
     turns: int
@@ -62,7 +62,7 @@ class EnvOutcome:
 
 @dataclass
 class Request:
-    """One sample an engine keeps from its prompt to its end, across weight syncs (rollout.inflight)."""
+    """One sample an engine keeps from its prompt to its end, across weight syncs (rollout.engines.inflight)."""
 
     key: int  # the caller's name for it, unique among the engine's live requests
     prompt_ids: list[int]

@@ -58,21 +58,19 @@ class RolloutGroup:
         return sum(self.lives)
 
     @classmethod
-    def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
-               engine_cls: type | None = None, timeout_s: Optional[float] = None,
-               max_restarts: int = 0) -> "RolloutGroup":
+    def create(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None, *,
+               engine_cls: type, timeout_s: Optional[float] = None, max_restarts: int = 0) -> "RolloutGroup":
         """`start`, then wait until every engine is up."""
-        group = cls.start(num_engines, engine_kwargs, actor_options, engine_cls, timeout_s, max_restarts)
+        group = cls.start(num_engines, engine_kwargs, actor_options, engine_cls=engine_cls, timeout_s=timeout_s,
+                          max_restarts=max_restarts)
         group.ready()
         return group
 
     @classmethod
-    def start(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None,
-              engine_cls: type | None = None, timeout_s: Optional[float] = None,
-              max_restarts: int = 0) -> "RolloutGroup":
-        """The engine actors, loading in the background (`ready` waits for them)."""
-        if engine_cls is None:
-            from rollout.vllm_engine import VLLMEngine as engine_cls
+    def start(cls, num_engines: int, engine_kwargs: dict, actor_options: list[dict] | None = None, *,
+              engine_cls: type, timeout_s: Optional[float] = None, max_restarts: int = 0) -> "RolloutGroup":
+        """`num_engines` actors of `engine_cls` (rollout/engines/: VLLMEngine, HFEngine, or a test's own), each built
+        with `engine_kwargs`, loading in the background (`ready` waits for them)."""
         options = actor_options or [{}] * num_engines
         engines = [make_actor(engine_cls, f"rollout engine {i}", {"max_restarts": max_restarts, **options[i]},
                               **engine_kwargs) for i in range(num_engines)]
@@ -95,7 +93,7 @@ class RolloutGroup:
         self._each(lambda e: e.wake_up.remote(tags))
 
     def sleep(self) -> None:
-        """Colocated on GPUs: the engines free their memory for the other roles (rollout.sleep)."""
+        """Colocated on GPUs: the engines free their memory for the other roles (rollout.engines.sleep)."""
         self._each(lambda e: e.sleep.remote())
 
     def load_adapter(self, files: dict[str, bytes]) -> None:
@@ -180,7 +178,7 @@ class RolloutGroup:
 
     def advance(self, new: list[list[Request]], sampling: SamplingConfig, steps: int,
                 rows: int) -> tuple[list[Advanced], list[int]]:
-        """In-flight generation (rollout.inflight): engine i starts `new[i]` and every engine runs `steps` steps of
+        """In-flight generation (rollout.engines.inflight): engine i starts `new[i]` and every engine runs `steps` steps of
         its kept requests (`rows` of them in all, for the deadline). Returns each engine's answer, and the engines
         restarted meanwhile: their kept requests are gone (and their counts start again), and the caller starts
         those requests again."""

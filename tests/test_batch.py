@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from common.batch import (chunks, pack_pairs, pack_sequences, samples_to_batch, sequence_logprobs,
-                        split_batch)
+from common.batch import chunks, pack_pairs, pack_sequences, samples_to_batch, sequence_logprobs, split_batch
 from rollout.engine import Sample
 
 
@@ -38,7 +37,7 @@ def test_chunks_are_ragged_and_split_batch_is_not():
 
 
 def test_length_grouped_sorts_cuts_and_scatters_back():
-    from common.batch import length_grouped, scatter_rows
+    from actors.batching.microbatch import length_grouped, scatter_rows
     batch = pack_sequences([[1], [1], [1], [1]], [[2], [2, 3, 4, 5], [2, 3], [2, 3, 4]], pad_id=0)  # lengths 2 5 3 4
     batch["score"] = torch.tensor([10.0, 11.0, 12.0, 13.0])
     pieces = length_grouped(batch, size=2)
@@ -54,7 +53,8 @@ def test_length_grouped_sorts_cuts_and_scatters_back():
 
 
 def test_length_grouped_keeps_pairs_together():
-    from common.batch import length_grouped, pack_pairs
+    from actors.batching.microbatch import length_grouped
+    from common.batch import pack_pairs
     batch = pack_pairs([[1], [1], [1]], [[2], [2, 3, 4], [2]], [[3], [3], [3, 4]], pad_id=0)  # pair lengths 2, 4, 3
     pieces = length_grouped(batch, size=2, unit=2)
     assert [idx.tolist() for idx, _ in pieces] == [[2, 3], [4, 5], [0, 1]]

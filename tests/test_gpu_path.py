@@ -1,4 +1,4 @@
-"""The GPU path's rules (second review, ../shared/notes/gpu-review-2.md), each checked on the CPU where it can be:
+"""The GPU path's rules (from a desk review of the GPU path), each checked on the CPU where it can be:
 the optimizer class ZeRO-3's offload asserts, the host checks in validate(), cache release before the engines
 wake, the HF engine's memory, scaled deadlines, the worker's reload entry point, and torch's own `linear` kept."""
 import pytest
@@ -24,7 +24,7 @@ def test_zero3_offload_optimizer_is_exactly_fused_adam_and_still_skips(monkeypat
     import deepspeed.ops.adam.fused_adam as fused
 
     from actors.ds_model import make_optimizer
-    from common.options import TrainerConfig
+    from common.schema import TrainerConfig
 
     calls = []
     monkeypatch.setattr(fused.FusedAdamBuilder, "load",
@@ -46,7 +46,7 @@ def test_zero3_offload_optimizer_is_exactly_fused_adam_and_still_skips(monkeypat
 
 def test_adamw_path_is_plain_adamw_and_a_skipped_step_moves_nothing():
     from actors.ds_model import make_optimizer
-    from common.options import TrainerConfig
+    from common.schema import TrainerConfig
 
     p = torch.nn.Parameter(torch.ones(4))
     opt = make_optimizer([p], TrainerConfig(lr=0.1))
@@ -145,7 +145,7 @@ def test_a_deadline_names_the_setting_to_raise(ray_local):
 def test_the_weight_reload_goes_through_the_workers_own_method():
     """vLLM's Worker.reload_weights enters set_current_vllm_config around its model runner's; the extension is
     mixed into the worker, so it calls that, never the runner directly."""
-    from rollout.vllm_ext import WeightSyncExtension
+    from rollout.engines.vllm_ext import WeightSyncExtension
 
     class Worker(WeightSyncExtension):
         model_runner = None  # the runner itself is not to be called
@@ -160,7 +160,7 @@ def test_the_weight_reload_goes_through_the_workers_own_method():
 
 def test_deepspeed_config_keeps_torchs_linear():
     from actors.ds_model import deepspeed_config
-    from common.options import TrainerConfig
+    from common.schema import TrainerConfig
 
     assert deepspeed_config(TrainerConfig(zero_stage=3), "bfloat16", 1)["zero_optimization"][
         "memory_efficient_linear"] is False

@@ -1,8 +1,8 @@
-"""Token-budget micro-batches and length-balanced rank shards (common.packing), on hand-made lengths."""
+"""Token-budget micro-batches and length-balanced rank shards (actors/batching/packing.py), on hand-made lengths."""
 import pytest
 import torch
 
-from common.packing import deal_by_length, micro_batches_needed, token_budget_groups
+from actors.batching.packing import deal_by_length, micro_batches_needed, token_budget_groups
 
 
 def padded(lengths, group) -> int:
@@ -49,7 +49,7 @@ def test_dealing_by_length_balances_ranks_and_keeps_each_mini_batch_whole():
 
 
 def test_packed_rows_hold_every_real_token_once_and_unpack_to_the_padded_layout():
-    from common.packing import pack_rows, unpack_rows
+    from actors.batching.packing import pack_rows, unpack_rows
 
     ids = torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0], [9, 10, 11, 12]])
     mask = (ids != 0).long()
@@ -69,7 +69,7 @@ def test_a_packed_forward_sees_each_row_as_it_would_padded(tiny_model_dir):
     with one, transformers ignores the restarts.)"""
     from transformers import AutoModelForCausalLM
 
-    from common.packing import pack_rows, unpack_rows
+    from actors.batching.packing import pack_rows, unpack_rows
 
     ids = torch.randint(3, 300, (4, 9), generator=torch.Generator().manual_seed(0))
     mask = (torch.arange(9)[None] < torch.tensor([9, 2, 5, 7])[:, None]).long()

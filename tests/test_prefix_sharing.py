@@ -1,12 +1,12 @@
-"""trainer.shared_prefix (common.prefix_sharing): rows that share a prompt go through the model as one row, the
+"""trainer.shared_prefix (actors/batching/prefix_sharing.py): rows that share a prompt go through the model as one row, the
 prompt once; the losses see the padded forward's outputs, and an update equals the padded one."""
 from dataclasses import replace
 
 import pytest
 import torch
 
+from actors.batching.prefix_sharing import gather_rows, group_unit, plan_prefixes, share_prefixes
 from common.batch import pack_sequences
-from common.prefix_sharing import gather_rows, group_unit, plan_prefixes, share_prefixes
 
 
 def plan_of(batch: dict):
@@ -58,7 +58,7 @@ def test_group_unit_finds_contiguous_groups_only():
 def test_a_shared_forward_gives_the_padded_logits_on_every_trained_position(tiny_model_dir, impl):
     from transformers import AutoModelForCausalLM
 
-    from common.prefix_sharing import additive_mask
+    from actors.batching.prefix_sharing import additive_mask
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl).eval()
     batch = grouped_batch()
@@ -122,7 +122,7 @@ def test_sharing_is_chosen_only_where_it_costs_less_than_padding():
     """The cost model behind the fall-back: prompt-heavy groups share (the real-model recipe's 57-token prompt and 4
     samples of ~30 tokens), long continuations and groups of one take the padded forward, and so does a mask
     over its byte budget."""
-    from common.prefix_sharing import ForwardCost
+    from actors.batching.prefix_sharing import ForwardCost
 
     cost = ForwardCost(token_flops=2 * 100e6, attention_flops=4 * 576 * 30, mask_bytes=2)  # SmolLM2-135M's shape
 
@@ -162,7 +162,7 @@ def test_on_cuda_the_packed_width_is_a_multiple_of_16_and_the_padding_changes_no
     row reads."""
     from transformers import AutoModelForCausalLM
 
-    from common.prefix_sharing import mask_align
+    from actors.batching.prefix_sharing import mask_align
     batch = grouped_batch(seed=seed, vocab=200)
     args = [batch[k] for k in ("input_ids", "attention_mask", "loss_mask")]
     assert mask_align(torch.device("cuda")) == 16 and mask_align(torch.device("cpu")) == 1

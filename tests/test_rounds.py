@@ -5,7 +5,7 @@ from algorithms.advantages import informative_groups
 from common.batch import RolloutBatch
 from rlhf.rl.rounds import Round, select_groups
 from rollout.engine import Sample
-from rollout.sleep import EngineMemory
+from rollout.engines.sleep import EngineMemory
 
 
 class Engines:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from common.batch import samples_to_batch, segment_positions
-from rollout.agent_episode import joined
+from rollout.agents.episode import joined
 from rollout.engine import Sample
-from rollout.trajectory import Trajectory
+from rollout.multiturn.trajectory import Trajectory
 
 
 def context(index: int, prompt: list[int], turns: list[list[int]], observation: list[int]) -> Trajectory:
@@ -44,7 +44,7 @@ def test_contexts_join_into_one_row_of_separate_sequences():
     assert torch.equal(positions[1], torch.arange(positions.shape[1]))  # a row of one sequence counts on
     assert "position_ids" not in samples_to_batch([joined([first])], pad_id=0)  # no episode broke: as before
     assert torch.equal(segment_positions(6, [[2, 4]]), torch.tensor([[0, 1, 0, 1, 0, 1]]))
-    from rollout.ahead import _sample_from_state, _sample_state
+    from rollout.sources.queue import _sample_from_state, _sample_state
     assert _sample_from_state(_sample_state(s)).segments == s.segments  # generated ahead, kept across a resume
 
 

@@ -81,7 +81,7 @@ def test_every_forward_path_keeps_the_sliding_window(tmp_path, arch, impl):
 def test_the_shared_mask_windows_by_each_rows_own_positions():
     """Window 2: a continuation's token sees itself and the token before it in its own row: the prefix's last token
     for the continuation's first, never another continuation's tokens."""
-    from common.prefix_sharing import layer_masks, plan_prefixes, share_prefixes
+    from actors.batching.prefix_sharing import layer_masks, plan_prefixes, share_prefixes
 
     ids = torch.tensor([[5, 6, 7, 0], [5, 6, 8, 9]])
     loss_mask = torch.tensor([[False, True, False], [False, True, True]])

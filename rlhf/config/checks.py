@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from common.schema import ATTN_IMPLEMENTATIONS, REWARD_NAMES, TASK_NAMES, VLLM_HEAD_DIMS, RunConfig
 from rlhf.config.checks_rl import check_rl
 from rlhf.config.problems import Problems
-from rlhf.config.schema import ATTN_IMPLEMENTATIONS, REWARD_NAMES, TASK_NAMES, VLLM_HEAD_DIMS, RunConfig
 
 
 def validate(cfg: RunConfig) -> list[str]:
@@ -25,7 +25,7 @@ def validate(cfg: RunConfig) -> list[str]:
 
 
 def check_choices(obj: Any, p: Problems, prefix: str = "") -> None:
-    """Each key declared with `one_of` (common.options) holds one of its values; null passes (Optional keys)."""
+    """Each key declared with `one_of` (common.schema) holds one of its values; null passes (Optional keys)."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if dataclasses.is_dataclass(value):

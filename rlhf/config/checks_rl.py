@@ -3,9 +3,9 @@ group sizes, the policy loss, KL, off-policy corrections, overlong shaping), asy
 the agent, and the weight-sync channel against the placement."""
 from __future__ import annotations
 
-from common.options import cuda_ipc_reaches
+from common.schema import cuda_ipc_reaches
+from common.schema import RunConfig
 from rlhf.config.problems import Problems
-from rlhf.config.schema import RunConfig
 
 
 def check_rl(cfg: RunConfig, p: Problems) -> None:

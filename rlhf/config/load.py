@@ -8,10 +8,10 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from common.errors import UserError
+from common.schema import RunConfig
 from rlhf.config.checks import validate
 from rlhf.config.io import key_lines, load_yaml, merge, parse_overrides, to_object
 from rlhf.config.resolve import resolved
-from rlhf.config.schema import RunConfig
 
 
 def load_config(path: Optional[str], overrides: list[str] = ()) -> RunConfig:

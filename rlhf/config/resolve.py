@@ -8,8 +8,8 @@ import os
 from dataclasses import replace
 from typing import Optional
 
-from common.options import precision_of
-from rlhf.config.schema import LOGPROB_DIFF_WARN, RunConfig
+from common.schema import precision_of
+from common.schema import LOGPROB_DIFF_WARN, RunConfig
 
 ASYNC_TIS_CAP = 2.0  # rollout.max_staleness > 0: algorithm.tis_cap unless set
 ASYNC_TIS_MASK = (0.5, 5.0)  # and tis_mask_low / tis_mask_high (IcePop's bounds)

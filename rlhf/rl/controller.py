@@ -33,7 +33,7 @@ from rlhf.stages.loop import answer_metric, drive, resume_point, worker_died
 from rlhf.weights.tiny import ensure_model
 from rollout.engine import SamplingConfig
 from rollout.rewards import reward_fn_for, score_rows
-from rollout.source import rollout_source
+from rollout.sources import rollout_source
 
 
 class RLController:
@@ -69,11 +69,11 @@ class RLController:
         self._start_workers()
         self.trajectories = None  # env.name / agent.fn: multi-turn rollouts
         if cfg.agent.fn is not None:
-            from rollout.agent import AgentRunner
+            from rollout.agents.runner import AgentRunner
             self.trajectories = AgentRunner(self.rollout, self.renderer, cfg.agent, r.max_model_len)
         elif multi_turn:
             from rollout.env import load_environment
-            from rollout.trajectory import TrajectoryRunner
+            from rollout.multiturn.trajectory import TrajectoryRunner
             self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
                                                  cfg.env, r.max_model_len)
         self.source = rollout_source(self.rollout, self.prompts, self.renderer, self._sampling, r.max_staleness,

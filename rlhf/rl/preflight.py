@@ -41,7 +41,7 @@ def check_user_code(cfg: RunConfig, p: Problems) -> None:
                       f"{err}")
     if g.fn is None:
         return
-    from rollout.agent import load_agent
+    from rollout.agents.runner import load_agent
     try:
         load_agent(g.fn)
     except UserError as err:  # its message begins "agent.fn = ...: "

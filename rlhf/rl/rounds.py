@@ -11,7 +11,7 @@ import torch
 from algorithms.advantages import choose_groups, informative_groups
 from algorithms.common import masked_mean
 from common.batch import RolloutBatch
-from rollout.ahead import prefill_per_token
+from rollout.sources.queue import prefill_per_token
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
     """The engine class and its arguments (besides the model)."""
     r = cfg.rollout
     if r.engine != "vllm":
-        from rollout.hf_engine import HFEngine
+        from rollout.engines.hf import HFEngine
         return HFEngine, dict(tempered_logprobs=r.tempered_logprobs, max_model_len=r.max_model_len)
-    from rollout.vllm_engine import VLLMEngine
+    from rollout.engines.vllm import VLLMEngine
     # (hybrid: rollout.multiprocess is resolved false, the engine core in the trainer's process: tensors by reference)
     return VLLMEngine, dict(max_model_len=r.max_model_len, kv_cache_mb=r.kv_cache_mb, seed=cfg.seed,
                             multiprocess=r.multiprocess, gpu_memory_utilization=r.gpu_memory_utilization,
@@ -72,8 +72,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
         if hybrid:  # the policy ranks host the engines
             return RolloutGroup(policy.actors, cfg.rollout.timeout_s, in_trainers=True)
         return RolloutGroup.start(cfg.rollout.num_engines, dict(model_path=model_path, **common, **engine_kwargs),
-                                  placement.options["rollout"], engine_cls, cfg.rollout.timeout_s,
-                                  max_restarts=cfg.rollout.max_engine_restarts)
+                                  placement.options["rollout"], engine_cls=engine_cls,
+                                  timeout_s=cfg.rollout.timeout_s, max_restarts=cfg.rollout.max_engine_restarts)
 
     def start_policy():
         return start_policy_ranks(cfg, model_path, placement, common, (engine_cls, {**common, **engine_kwargs})

@@ -42,7 +42,7 @@ def _score(samples, renderer: PromptRenderer, rows: list[dict], reward_fn: Rewar
 
 
 def evaluate_env(runner, rows: list[dict], cfg: EvalConfig) -> dict[str, float]:
-    """Multi-turn: one greedy trajectory per held-out row (rollout.trajectory.TrajectoryRunner). `eval/accuracy`:
+    """Multi-turn: one greedy trajectory per held-out row (rollout.multiturn.trajectory.TrajectoryRunner). `eval/accuracy`:
     the share whose summed reward reaches 1.0; `eval/turns`: model turns per trajectory."""
     samples = runner.run(rows, SamplingConfig(max_new_tokens=cfg.max_new_tokens, temperature=0.0))
     rewards = [s.env.reward for s in samples]

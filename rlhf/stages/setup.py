@@ -17,7 +17,7 @@ def model_and_renderer(cfg: RunConfig) -> tuple[str, PromptRenderer]:
 def policy_and_engine(cfg: RunConfig, model_path: str, renderer: PromptRenderer):
     """(PolicyTrainer, HFEngine sharing its module): one copy of the weights for training and evaluation."""
     from actors.policy import PolicyTrainer
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf import HFEngine
     trainer = PolicyTrainer(model_path, cfg.trainer, cfg.model.dtype, seed=cfg.seed,
                             trust_remote_code=cfg.model.trust_remote_code, lora=cfg.model.lora)
     return trainer, HFEngine.from_model(trainer.model, renderer.eos_id, renderer.pad_id)

@@ -1,5 +1,5 @@
 """Built-in synthetic tasks with verifiable answers, generated from a seed: `sort`, `add` and `guess` (rows for the
-multi-turn number-guessing environment, rollout.guess, with a demonstration conversation for SFT).
+multi-turn number-guessing environment, rollout.multiturn.guess, with a demonstration conversation for SFT).
 
 Each task gives prompt/answer rows (SFT data and RL prompts) and preference pairs whose rejected side is a plausible
 mistake. Prompts look like `sort 17 203 5 88 =` -> ` 5 17 88 203`, and `add 123 + 45 =` -> ` 168`.
@@ -61,7 +61,7 @@ def add_mistake(rng: random.Random, row: dict) -> str:
 def guess_example(rng: random.Random, d: DataConfig) -> dict:
     """`high` = data.max_value; the demonstration (`messages`) makes at most data.max_items guesses. As a single-turn
     prompt (SFT evaluation) the answer is the secret: a first guess that hits it."""
-    from rollout.guess import demonstration, opening
+    from rollout.multiturn.guess import demonstration, opening
 
     secret = rng.randint(1, d.max_value)
     return {"prompt": [{"role": "user", "content": opening(d.max_value)}], "answer": str(secret), "secret": secret,

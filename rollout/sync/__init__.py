@@ -11,8 +11,8 @@ placement: each trainer rank hands its tensors to the engine in its own process,
 from __future__ import annotations
 
 from common.errors import UserError
-from common.options import cuda_ipc_reaches
 from common.remote import WorkerDied, ray_get
+from common.schema import cuda_ipc_reaches
 from rollout.sync.buckets import TensorSpec, plan_to_plain
 from rollout.sync.check import verify_sync
 from rollout.sync.ends import WeightReceiver, WeightSender, drain

@@ -134,7 +134,7 @@ def test_the_update_does_not_depend_on_the_micro_batch_split(tiny_model_dir, agg
 
 def test_rows_with_nothing_to_train_can_fill_a_micro_batch(tiny_model_dir):
     """An agent or environment that failed before the model's first turn leaves a one-token row that trains nothing
-    (rollout.agent_episode); length grouping puts such rows in a micro-batch of their own, whose loss must still
+    (rollout.agents.episode); length grouping puts such rows in a micro-batch of their own, whose loss must still
     reach the graph for DeepSpeed's backward. The update is the one without them (token-mean)."""
     batch = sft_batches(tiny_model_dir, steps=1)[0]
     for key in ("input_ids", "attention_mask", "loss_mask"):

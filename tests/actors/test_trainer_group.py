@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from actors.batching.packing import deal_by_length
 from actors.group import ActorGroup
 from algorithms.sft import sft_loss
-from common.packing import deal_by_length
 from common.remote import WorkerDied
 from rlhf.config import DataConfig, TrainerConfig
 from rlhf.stages.sft import tokenize_sft

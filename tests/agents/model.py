@@ -19,7 +19,7 @@ def teach_tool_call(folder: str, steps: int = 120) -> str:
 
     from rlhf.config import TinyModelConfig
     from rlhf.weights.tiny import save_tiny_model
-    from rollout.agent_render import chat_ids, render
+    from rollout.agents.render import chat_ids, render
 
     torch.manual_seed(0)
     save_tiny_model(TinyModelConfig(max_position_embeddings=1024), folder)

@@ -63,8 +63,8 @@ def test_vllm_serves_the_sliding_window_and_a_sync_reaches_every_tensor(gemma_di
     from transformers import AutoModelForCausalLM
 
     from rollout.engine import SamplingConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.render import PromptRenderer
-    from rollout.vllm_engine import VLLMEngine
 
     renderer = PromptRenderer.from_pretrained(gemma_dir)
     prompt = long_prompt(renderer)

@@ -77,7 +77,7 @@ def test_grpo_on_smollm2_syncs_weights_the_engine_agrees_with(smollm2_dir, tmp_p
 def _conversation(completion: str, opening: str, secret: int, high: int) -> list[dict]:
     """The chat a multi-turn ChatML trajectory holds: the opening, then each model turn and the user turn the
     environment answered it with, replayed through a fresh GuessNumber (so each observation is checked too)."""
-    from rollout.guess import GuessNumber
+    from rollout.multiturn.guess import GuessNumber
 
     user, assistant = "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"
     env = GuessNumber(opening)

@@ -21,8 +21,9 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from common.errors import UserError
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
-    from rollout.sync import sync_channel
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
+    from rollout.sync import sync_channel
     from rollout.sync import setup_sync, sync_weights
     from rollout.sync.buckets import plan_buckets
     from tests.rollout.test_vllm_engine import ENGINE, SAMPLING, prompts_and_batches, remote_diff
@@ -37,7 +38,7 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
         tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=1)
         tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
         trainer = make_actor(PolicyTrainer, "policy trainer 0", {"resources": {"a": 0.5}}, tiny_model_dir, tr)
-        group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), [{"resources": {"b": 0.5}}])
+        group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), [{"resources": {"b": 0.5}}], engine_cls=VLLMEngine)
         node = lambda _self: ray.get_runtime_context().get_node_id()  # noqa: E731
         engine_nodes = ray_get([e.__ray_call__.remote(node) for e in group.engines], 60, group.roles)
         assert ray_get([trainer.__ray_call__.remote(node)], 60, ["trainer"]) != engine_nodes

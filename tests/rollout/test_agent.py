@@ -1,4 +1,4 @@
-"""Agents through the rollout's OpenAI-compatible endpoint (rollout.agent): the real HTTP server, the official
+"""Agents through the rollout's OpenAI-compatible endpoint (rollout.agents.runner): the real HTTP server, the official
 `openai` client, the real vLLM engine. A tool call is parsed by vLLM's parser and answered; a multi-call episode is
 one sample, token-exact against the chat template and in agreement with the trainer's forward; a history rewrite is
 a counted break; bad requests get OpenAI-style errors; failing agents end their own episodes."""
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from common.errors import UserError
-from common.options import AgentConfig
-from rollout.agent import load_agent, reward_of
-from rollout.agent_render import chat_ids, continuation_ids, for_template, render, same_message
+from common.schema import AgentConfig
+from rollout.agents.render import chat_ids, continuation_ids, for_template, render, same_message
+from rollout.agents.runner import load_agent, reward_of
 from rollout.engine import SamplingConfig
 from tests.agents import toy
 from tests.agents.model import CONVERSATION, teach_tool_call
@@ -75,7 +75,7 @@ def test_a_message_sent_back_is_recognised_whatever_the_client_wrote():
 
 
 def test_a_taken_port_is_a_clear_error():
-    from rollout.agent_server import AgentEndpoint
+    from rollout.agents.server import AgentEndpoint
     first = AgentEndpoint(lambda *a: {}, "policy")
     try:
         with pytest.raises(UserError, match=f"agent.host/agent.port = 127.0.0.1:{first.port}: cannot listen"):
@@ -102,17 +102,18 @@ def test_agent_config_is_checked_before_the_run():
 @pytest.fixture(scope="module")
 def engines(ray_local, tmp_path_factory):
     """A tiny model that learned one tool-using conversation, served by the real vLLM engine."""
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     from rollout.render import PromptRenderer
 
     folder = teach_tool_call(str(tmp_path_factory.mktemp("agent") / "model"))
-    group = RolloutGroup.create(1, dict(model_path=folder, dtype="float32", max_model_len=1024, kv_cache_mb=32))
+    group = RolloutGroup.create(1, dict(model_path=folder, dtype="float32", max_model_len=1024, kv_cache_mb=32), engine_cls=VLLMEngine)
     yield folder, group, PromptRenderer.from_pretrained(folder)
     group.shutdown()
 
 
 def _runner(engines, fn: str, **cfg):
-    from rollout.agent import AgentRunner
+    from rollout.agents.runner import AgentRunner
     _, group, renderer = engines
     return AgentRunner(group, renderer, AgentConfig(fn=fn, **{"timeout_s": 60.0, **cfg}), max_model_len=1024)
 
@@ -215,7 +216,7 @@ def test_the_endpoint_serves_curl_without_a_run(engines):
     import threading
     import urllib.request
 
-    from rollout.agent import AgentRunner
+    from rollout.agents.runner import AgentRunner
     _, group, renderer = engines
     runner, stop = AgentRunner(group, renderer, AgentConfig(max_calls=100), max_model_len=1024), threading.Event()
 

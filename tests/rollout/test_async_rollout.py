@@ -1,4 +1,4 @@
-"""Generating ahead (rollout.async_rollout) with the real vLLM engine in a Ray actor: a sync lands while samples are
+"""Generating ahead (rollout.sources.ahead) with the real vLLM engine in a Ray actor: a sync lands while samples are
 kept in the engine mid-generation, and they continue under the new weights (on their KV so far, or recomputed), each
 token keeping the log-prob and version of the weights that sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
 records continues the same generations."""
@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from rlhf.stages.data import BatchIterator
-from rollout.async_rollout import AsyncRollout, staleness_metrics
 from rollout.engine import SamplingConfig
+from rollout.engines.vllm import VLLMEngine
 from rollout.group import RolloutGroup
+from rollout.sources.ahead import AsyncRollout, staleness_metrics
 
 ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)
 SAMPLING = SamplingConfig(max_new_tokens=24, temperature=1.0, n=2, seed=3)
@@ -48,14 +49,14 @@ def _kept(old, new, sample) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def engines(ray_local, tiny_model_dir):
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), timeout_s=300)
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), timeout_s=300, engine_cls=VLLMEngine)
     yield group
     group.shutdown()
 
 
 @pytest.fixture(scope="module")
 def recomputing(ray_local, tiny_model_dir):
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, inflight_kv="recompute", **ENGINE), timeout_s=300)
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, inflight_kv="recompute", **ENGINE), timeout_s=300, engine_cls=VLLMEngine)
     yield group
     group.shutdown()
 
@@ -161,9 +162,9 @@ def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engin
 
 
 def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engines, tiny_model_dir):
-    from common.options import EnvConfig
+    from common.schema import EnvConfig
+    from rollout.multiturn.trajectory import TrajectoryRunner
     from rollout.render import PromptRenderer
-    from rollout.trajectory import TrajectoryRunner
     from tests.envs.toy import Echo
 
     old, new = _old_and_perturbed(tiny_model_dir)

@@ -6,7 +6,7 @@ import torch
 from algorithms.logprobs import token_logprobs
 from common.batch import samples_to_batch
 from rollout.engine import SamplingConfig
-from rollout.hf_engine import HFEngine
+from rollout.engines.hf import HFEngine
 from tests.rollout.agreement import logprob_diff
 
 
@@ -55,7 +55,7 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
 
 
 def test_hf_engine_keeps_requests_across_calls_and_ends_them_at_max_model_len(tiny_model_dir):
-    """rollout.inflight on the transformers engine: kept requests advance a few tokens a call, their contexts held
+    """rollout.engines.inflight on the transformers engine: kept requests advance a few tokens a call, their contexts held
     inside the engine; each ends by its budget, a stop token, or the context's limit ("length")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

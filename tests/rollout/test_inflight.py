@@ -1,4 +1,4 @@
-"""In-flight generation on the real vLLM engine in a Ray actor (rollout.inflight): a kept request ends at the
+"""In-flight generation on the real vLLM engine in a Ray actor (rollout.engines.inflight): a kept request ends at the
 engine's max_model_len with "length" (never an error), an evaluation runs beside kept requests and leaves them whole,
 and a LoRA adapter sync starts them again under the new adapter from their tokens so far. (A full-weight sync
 landing mid-generation, keep and recompute: tests/rollout/test_async_rollout.py.)"""
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rollout.engine import Request, SamplingConfig
+from rollout.engines.vllm import VLLMEngine
 from rollout.group import RolloutGroup
 
 ENGINE = dict(dtype="float32", max_model_len=64, kv_cache_mb=16)
@@ -17,7 +18,7 @@ SAMPLING = SamplingConfig(temperature=1.0, seed=5)
 
 @pytest.fixture(scope="module")
 def group(ray_local, tiny_model_dir):
-    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), timeout_s=300)
+    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), timeout_s=300, engine_cls=VLLMEngine)
     yield g
     g.shutdown()
 

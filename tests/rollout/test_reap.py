@@ -12,7 +12,7 @@ import psutil
 
 class Parent:
     def __init__(self):
-        from rollout.reap import actor_key, reap_orphans, record_children
+        from rollout.engines.reap import actor_key, reap_orphans, record_children
         key = actor_key()
         self.reaped = reap_orphans(key)
         self.child = subprocess.Popen(["sleep", "3600"], start_new_session=True)

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from common.errors import UserError
-from common.options import RewardConfig
+from common.schema import RewardConfig
 from rlhf.reward_server import reward_server
-from rollout.reward_http import HttpReward
 from rollout.rewards import reward_fn_for, score_rows
+from rollout.rewards.http import HttpReward
 
 
 def _serve(server):

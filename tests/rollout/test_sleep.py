@@ -2,7 +2,7 @@
 has no sleep mode, so the state machine the engine consults is tested on its own)."""
 import pytest
 
-from rollout.sleep import SleepState
+from rollout.engines.sleep import SleepState
 
 
 def test_full_sync_round_trip_at_level_2():

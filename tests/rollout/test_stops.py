@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from tests.foreign import build_foreign_model
 from rollout.engine import SamplingConfig
 from rollout.render import PromptRenderer
+from tests.foreign import build_foreign_model
 
 PROMPT = "sort 3 1 ="
 
@@ -39,16 +39,17 @@ def check_stops(generate, model_dir: str) -> None:
 
 
 def test_hf_engine_stops_at_generation_config_eos(tmp_path):
-    from rollout.hf_engine import HFEngine
+    from rollout.engines.hf import HFEngine
     model_dir = build_foreign_model(str(tmp_path / "m"))
     check_stops(lambda ids, s: HFEngine(model_dir).generate(ids, s), model_dir)
 
 
 @pytest.mark.slow
 def test_vllm_stops_at_generation_config_eos(ray_local, tmp_path):
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     model_dir = build_foreign_model(str(tmp_path / "m"))
-    group = RolloutGroup.create(1, dict(model_path=model_dir, max_model_len=128, kv_cache_mb=16))
+    group = RolloutGroup.create(1, dict(model_path=model_dir, max_model_len=128, kv_cache_mb=16), engine_cls=VLLMEngine)
     try:
         check_stops(group.generate, model_dir)
         # text prompts are rendered by the engine with the same renderer: one <s>, the same ids

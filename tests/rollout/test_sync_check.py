@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rollout.hf_engine import HFEngine
+from rollout.engines.hf import HFEngine
 from rollout.sync.check import first_difference, fingerprint
 
 
@@ -50,8 +50,8 @@ def test_a_damaged_tensor_stops_the_run_and_is_named(ray_local, tiny_model_dir):
     from rlhf.config import TrainerConfig
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
-    from rollout.sync.check import verify_sync
     from rollout.sync.buckets import plan_buckets
+    from rollout.sync.check import verify_sync
 
     trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, TrainerConfig(lr=1e-3, warmup_steps=0))
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir), engine_cls=DamagingHFEngine)

@@ -7,10 +7,10 @@ import torch
 from algorithms.logprobs import token_logprobs
 from common.batch import samples_to_batch
 from common.errors import UserError
-from common.options import EnvConfig
+from common.schema import EnvConfig
 from rollout.engine import SamplingConfig
 from rollout.env import StepResult, call_tool, load_environment
-from rollout.guess import GuessNumber, demonstration
+from rollout.multiturn.guess import GuessNumber, demonstration
 from rollout.render import PromptRenderer
 from tests.envs.toy import Echo
 from tests.rollout.agreement import logprob_diff
@@ -50,10 +50,10 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
     from transformers import AutoModelForCausalLM
 
     from rollout.group import RolloutGroup
-    from rollout.trajectory import TrajectoryRunner
+    from rollout.multiturn.trajectory import TrajectoryRunner
 
     renderer = PromptRenderer.from_pretrained(tiny_model_dir)
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE))
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), engine_cls=VLLMEngine)
     rows = [{"word": "a"}, {"word": "b", "hang": True}, {"word": "c", "explode": True}, {"word": "d"},
             {"word": "e", "broken": True}]
     cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=2.0, num_workers=4)
@@ -116,7 +116,7 @@ def _check_turns(s, renderer, turns: int) -> None:
 
 def test_a_step_on_which_every_environment_failed_stops_the_run_with_the_first_traceback(tiny_model_dir):
     """No engine is reached: every reset raises, so the step has nothing to train and says why."""
-    from rollout.trajectory import TrajectoryRunner
+    from rollout.multiturn.trajectory import TrajectoryRunner
     cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=5.0, num_workers=2)
     runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
     with pytest.raises(UserError) as e:
@@ -127,7 +127,7 @@ def test_a_step_on_which_every_environment_failed_stops_the_run_with_the_first_t
 
 
 def test_environment_calls_that_hang_past_their_bound_stop_the_run(tiny_model_dir):
-    from rollout.trajectory import MAX_HUNG_PER_WORKER, TrajectoryRunner
+    from rollout.multiturn.trajectory import MAX_HUNG_PER_WORKER, TrajectoryRunner
     cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=0.2, num_workers=1)
     runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
     with pytest.raises(UserError, match=rf"{MAX_HUNG_PER_WORKER + 1} calls of the environment tests.envs.toy:Echo "
@@ -139,7 +139,7 @@ class RecordingVLLM:
     """The real vLLM engine, remembering every prompt it was asked to continue (to see where each turn went)."""
 
     def __init__(self, *args, **kwargs):
-        from rollout.vllm_engine import VLLMEngine
+        from rollout.engines.vllm import VLLMEngine
         self.engine, self.prompts = VLLMEngine(*args, **kwargs), []
 
     def generate(self, prompts, sampling):
@@ -159,7 +159,7 @@ def test_every_turn_of_a_trajectory_goes_to_the_engine_that_holds_its_conversati
     prefix cache only, so each of its turns (and its group's) must be sent there, not where its position in
     whichever call it joined would put it."""
     from rollout.group import RolloutGroup
-    from rollout.trajectory import TrajectoryRunner
+    from rollout.multiturn.trajectory import TrajectoryRunner
 
     renderer = PromptRenderer.from_pretrained(tiny_model_dir)
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), engine_cls=RecordingVLLM)

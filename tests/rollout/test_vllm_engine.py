@@ -12,11 +12,11 @@ from rlhf.config import DataConfig, TrainerConfig
 from rlhf.stages.sft import tokenize_sft
 from rlhf.stages.tasks import make_rows
 from rollout.engine import SamplingConfig
+from rollout.engines.vllm import mapped_shm
 from rollout.group import RolloutGroup
 from rollout.render import PromptRenderer
 from rollout.sync import setup_sync, sync_weights
 from rollout.sync.buckets import plan_buckets
-from rollout.vllm_engine import mapped_shm
 from tests.rollout.agreement import logprob_diff
 
 T = 300
@@ -99,7 +99,7 @@ def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
     tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
                           model_path=tiny_model_dir, tr=tr)
-    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"])
+    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"], engine_cls=VLLMEngine)
     try:
         assert_two_engines_generate(trainers, group, tok, prompts)
         # zero.Init ran in these ranks; an engine in such a process (hybrid) must still find torch's own linear
@@ -135,7 +135,7 @@ def test_lora_adapter_channel_keeps_the_engine_on_the_trainers_adapter(ray_local
     tok, prompts, batches = prompts_and_batches(tiny_model_dir)
     tr = TrainerConfig(lr=2e-2, batch_size=16, micro_batch_size=8, warmup_steps=0)
     trainer = make_actor(PolicyTrainer, "trainer", {}, tiny_model_dir, tr, lora=LoraConfig(rank=4, alpha=8))
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE))
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), engine_cls=VLLMEngine)
     try:
         for batch in batches:
             ray_get([trainer.sft_step.remote(batch)], 300, ["trainer"])
@@ -155,7 +155,7 @@ class TrainerWithEngine(HybridWorker):
     process, synced over the local channel (tensors by reference)."""
 
     def __init__(self, model_dir: str, tr: TrainerConfig):
-        from rollout.vllm_engine import VLLMEngine
+        from rollout.engines.vllm import VLLMEngine
         super().__init__(model_dir, tr, engine_cls=VLLMEngine, engine_kwargs=ENGINE)
         self.open_sender("local", "127.0.0.1", 0, [])
 
@@ -186,7 +186,7 @@ def test_in_process_channel(ray_local, tiny_model_dir):
                                    ["hybrid worker"])[0]
             assert stale > 1e-2 and fresh < 1e-3
         # vLLM's sampler would compile its token-rank helper on the first generate (dynamo and inductor):
-        # on CPU the engine turns torch.compile off (rollout.vllm_engine.no_torch_compile), so nothing was compiled
+        # on CPU the engine turns torch.compile off (rollout.engines.vllm.no_torch_compile), so nothing was compiled
         assert ray_get([worker.frames_compiled.remote()], 60, ["hybrid worker"])[0] == 0
     finally:
         ray_local.kill(worker)
@@ -212,7 +212,7 @@ def test_multiprocess_engine_updates_and_shuts_down_without_leaks(ray_local, tin
 
     shm_before = set(os.listdir("/dev/shm"))
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, tempered_logprobs=True,
-                                        **ENGINE))
+                                        **ENGINE), engine_cls=VLLMEngine)
     pids = group.process_ids()[0]
     assert len(pids) >= 2  # the actor and its engine-core child
     # the engine froze the actor's heap only while vLLM started (its engine core, which freezes its own, is the child)

@@ -147,10 +147,10 @@ def resolve_reward_fn(spec: str | None, task: str | None, timeout_s: Optional[fl
 
 
 def reward_fn_for(cfg, task: str | None) -> RewardFn:
-    """The run's reward function from its `reward` config (common.options.RewardConfig): a service at
-    `reward.url` (rollout.reward_http), else `reward.fn` or the task's (resolve_reward_fn)."""
+    """The run's reward function from its `reward` config (common.schema.RewardConfig): a service at
+    `reward.url` (rollout.rewards.http), else `reward.fn` or the task's (resolve_reward_fn)."""
     if cfg.url is not None:
-        from rollout.reward_http import HttpReward
+        from rollout.rewards.http import HttpReward
         return HttpReward(cfg.url, cfg.url_batch, cfg.url_concurrency, cfg.url_retries, cfg.timeout_s)
     return resolve_reward_fn(cfg.fn, task, cfg.timeout_s)
 

@@ -17,9 +17,9 @@ from typing import Optional
 
 import numpy as np
 
-from rollout.agent_render import chat_ids, continuation_ids, same_message
+from rollout.agents.render import chat_ids, continuation_ids, same_message
 from rollout.engine import EnvOutcome, Sample
-from rollout.trajectory import Trajectory
+from rollout.multiturn.trajectory import Trajectory
 
 
 @dataclass

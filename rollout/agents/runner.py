@@ -1,6 +1,6 @@
 """Agents as they are written: a function `run(row, client) -> reward` (`agent.fn: package.module:function`, sync or
 async) whose `client` is an `openai.OpenAI` (an `AsyncOpenAI` for an async function) pointed at the rollout's own
-OpenAI-compatible endpoint (rollout.agent_server), one URL per episode, so its calls are captured token by token.
+OpenAI-compatible endpoint (rollout.agents.server), one URL per episode, so its calls are captured token by token.
 
     def run(row, client):
         reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["q"]}],
@@ -9,7 +9,7 @@ OpenAI-compatible endpoint (rollout.agent_server), one URL per episode, so its c
         return float(answer == row["answer"])
 
 `AgentRunner.run(rows, sampling)` plays `sampling.n` episodes per row (agent.concurrency at once) and returns one
-Sample per episode in row order, like rollout.trajectory's runner, so GRPO/RLOO/PPO, LoRA, asynchronous RL and
+Sample per episode in row order, like rollout.multiturn.trajectory's runner, so GRPO/RLOO/PPO, LoRA, asynchronous RL and
 evaluation take it unchanged. The calls of all episodes are batched into engine calls (at most
 `max_calls_in_flight` at once), held until arrivals are quiet (QUIET_S, at most HOLD_S); every call samples with
 the run's rollout settings (temperature, top-p: what the trainer's log-probs assume), the request's `max_tokens`
@@ -32,13 +32,13 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from common.errors import UserError, load_named
-from common.options import AgentConfig
-from rollout.agent_episode import Episode, Plan
-from rollout.agent_server import AgentEndpoint, ApiError, completion_body
-from rollout.agent_render import ToolCalls
+from common.schema import AgentConfig
+from rollout.agents.episode import Episode, Plan
+from rollout.agents.render import ToolCalls
+from rollout.agents.server import AgentEndpoint, ApiError, completion_body
 from rollout.engine import Sample, SamplingConfig
+from rollout.multiturn.trajectory import MAX_HUNG_PER_WORKER, EnvCalls
 from rollout.render import PromptRenderer, RenderError
-from rollout.trajectory import MAX_HUNG_PER_WORKER, EnvCalls
 
 
 def load_agent(name: str) -> Callable:
@@ -324,7 +324,7 @@ class AgentRunner:
 
 def _shared_http(connections: int):
     """One connection pool for every sync episode: a client of its own builds an SSL context while holding the
-    GIL, which spread a step's first calls out and split them into several engine calls (docs/performance.md)."""
+    GIL, which spread a step's first calls out and split them into several engine calls (benchmarks/results/agent_endpoint.md)."""
     import httpx
     import openai
     return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=connections,

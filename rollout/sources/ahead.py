@@ -1,5 +1,5 @@
 """Asynchronous rollouts (`rollout.max_staleness: K` > 0): the engines generate ahead of the trainer while it
-trains. Each sample is one engine request for its whole life (rollout.inflight): the engines keep it across weight
+trains. Each sample is one engine request for its whole life (rollout.engines.inflight): the engines keep it across weight
 syncs, on the engine its group was given (sticky), and this generator advances them `rollout.chunk_tokens` engine
 steps a call, so a weight sync waits for one call, never for the longest generation, and no context is sent twice.
 
@@ -29,9 +29,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rollout.ahead import DriverStats, Seq, StepRollout, staleness_metrics
 from rollout.engine import Request, Sample, SamplingConfig
-from rollout.sleep import EngineMemory
+from rollout.engines.sleep import EngineMemory
+from rollout.sources.queue import DriverStats, Seq, StepRollout, staleness_metrics
 
 Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
 Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
@@ -41,7 +41,7 @@ class AsyncRollout:
     """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.stages.data.BatchIterator (this object draws
     from it); `encode(row_ids)`: their prompt ids and stop ids; `sampling`: n, budget, temperature, top_p and the
     base seed (None: the engines' own RNG); steps up to `last_step` are generated. Multi-turn (env.name):
-    `turns(row_ids, engines)` runs the rows' trajectories (rollout.trajectory), one step's at a time, through
+    `turns(row_ids, engines)` runs the rows' trajectories (rollout.multiturn.trajectory), one step's at a time, through
     `engines` as `TurnGate` hands them over: a sync lands between turns."""
 
     def __init__(self, engines, prompts, encode: Encode, sampling: SamplingConfig, max_staleness: int,
@@ -63,7 +63,7 @@ class AsyncRollout:
         self.thread: Optional[threading.Thread] = None
         self.snapshot = self._state()
 
-    # ---- the controller's rollout source (rollout.source.RolloutSource) ----
+    # ---- the controller's rollout source (rollout.sources.RolloutSource) ----
     def generate(self, step: int, attempt: int) -> tuple[list[int], list[Sample], dict[str, float]]:
         """Step `step`'s samples as they finish (a further round of dynamic sampling: new prompts, started now)."""
         ahead = self.take(step) if attempt == 0 else self.refill(step)

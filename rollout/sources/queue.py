@@ -1,4 +1,4 @@
-"""What generating ahead (rollout.async_rollout) holds: each sample in progress, each step's prompts with their samples,
+"""What generating ahead (rollout.sources.ahead) holds: each sample in progress, each step's prompts with their samples,
 their form in a checkpoint, and the staleness of what a step trains."""
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from common.errors import UserError
-from common.options import EnvConfig
+from common.schema import EnvConfig
 from rollout.engine import EnvOutcome, Sample, SamplingConfig
 from rollout.render import PromptRenderer
 
@@ -64,7 +64,7 @@ class Trajectory:
 
     def add_turn(self, s: Sample) -> None:
         """The model's next turn, as the engine sampled it (`s`: generated from `self.ids`)."""
-        if s.versions is not None:  # generated ahead (rollout.async_rollout): each turn's policy version
+        if s.versions is not None:  # generated ahead (rollout.sources.ahead): each turn's policy version
             self.versions = self.versions_padded() + s.versions.tolist()
         self.ids += s.completion_ids
         self.mask += [True] * len(s.completion_ids)

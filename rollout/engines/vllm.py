@@ -13,10 +13,10 @@ import torch
 
 from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
-from rollout.inflight import KeptRequests, sampled_logprobs, vllm_counts
-from rollout.reap import actor_key, reap_orphans, record_children
+from rollout.engines.inflight import KeptRequests, sampled_logprobs, vllm_counts
+from rollout.engines.reap import actor_key, reap_orphans, record_children
+from rollout.engines.sleep import SleepState
 from rollout.render import render_prompts
-from rollout.sleep import SleepState
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 
@@ -48,7 +48,7 @@ class VLLMEngine:
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
                  sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep"):
-        """`inflight_kv`: what requests kept across a sync continue on (rollout.inflight). `sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
+        """`inflight_kv`: what requests kept across a sync continue on (rollout.engines.inflight). `sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
         the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
         sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
         a top_p nucleus), else of the raw logits."""
@@ -85,7 +85,7 @@ class VLLMEngine:
         # eager on CPU, which has none.
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
-                       worker_extension_cls="rollout.vllm_ext.WeightSyncExtension",
+                       worker_extension_cls="rollout.engines.vllm_ext.WeightSyncExtension",
                        disable_log_stats=False,  # its token counters (rollout/prefill_per_token)
                        logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs", **kwargs)
         if multiprocess:
@@ -128,8 +128,8 @@ class VLLMEngine:
         return counts.prefill, counts.generated
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
-        """In-flight generation (rollout.inflight): start `new` (kept until they end), run `steps` engine steps, and
-        return what every kept request produced meanwhile (rollout.inflight.KeptRequests)."""
+        """In-flight generation (rollout.engines.inflight): start `new` (kept until they end), run `steps` engine steps, and
+        return what every kept request produced meanwhile (rollout.engines.inflight.KeptRequests)."""
         self.sleep_state.check_can_generate()
         return self.kept.advance(new, sampling, steps)
 

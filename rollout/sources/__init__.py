@@ -1,16 +1,16 @@
 """Where a step's samples come from: the controller's one rollout seam, chosen once when the run starts.
 
 `SyncRollout` (rollout.max_staleness 0) draws a step's prompts and generates them when the step asks;
-`rollout.async_rollout.AsyncRollout` (K > 0) has been generating them ahead, in the engines, while earlier steps
+`rollout.sources.ahead.AsyncRollout` (K > 0) has been generating them ahead, in the engines, while earlier steps
 trained. Both answer the same calls, so the controller's step carries no mode checks. Multi-turn environments are
-a way of producing samples inside either (rollout.trajectory)."""
+a way of producing samples inside either (rollout.multiturn.trajectory)."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Protocol
 
-from rollout.ahead import DriverStats
 from rollout.engine import Sample, SamplingConfig
-from rollout.sleep import EngineMemory
+from rollout.engines.sleep import EngineMemory
+from rollout.sources.queue import DriverStats
 
 Sampling = Callable[[int, int, tuple[int, ...]], SamplingConfig]  # (step, attempt, stop ids) -> the step's sampling
 
@@ -100,7 +100,7 @@ def rollout_source(engines, prompts, renderer, sampling: Sampling, max_staleness
     """The run's source: synchronous at max_staleness 0, else generating ahead (its thread starts on first use)."""
     if max_staleness == 0:
         return SyncRollout(engines, prompts, renderer, sampling, trajectories)
-    from rollout.async_rollout import AsyncRollout
+    from rollout.sources.ahead import AsyncRollout
     rows, fixed = prompts.rows, sampling(0, 0, ())
 
     def encode(row_ids: list[int]):

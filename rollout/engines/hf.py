@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 import torch
 
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
-from rollout.inflight import Counts, RegeneratedRequests
+from rollout.engines.inflight import Counts, RegeneratedRequests
 from rollout.render import PromptRenderer, render_prompts
 
 
@@ -134,7 +134,7 @@ class HFEngine:
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
-        """In-flight generation (rollout.inflight): the kept requests' contexts are recomputed each call."""
+        """In-flight generation (rollout.engines.inflight): the kept requests' contexts are recomputed each call."""
         return self.kept.advance(new, sampling, steps)
 
     def abort(self, keys: list[int]) -> None:

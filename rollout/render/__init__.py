@@ -46,13 +46,13 @@ class PromptRenderer:
     def from_pretrained(cls, path: str, chat: bool = False, trust_remote_code: bool = False,
                         chat_template: Optional[str] = None) -> "PromptRenderer":
         """The tokenizer of the checkpoint at `path`, and its generation_config's eos ids when it has one;
-        `chat_template` (data.chat_template: a built-in name or a Jinja file, rollout.chat_templates) replaces the
+        `chat_template` (data.chat_template: a built-in name or a Jinja file, rollout.render.chat_templates) replaces the
         tokenizer's own."""
         from transformers import AutoTokenizer, GenerationConfig
 
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         if chat_template:
-            from rollout.chat_templates import resolve
+            from rollout.render.chat_templates import resolve
             tok.chat_template = resolve(chat_template, tok)
         eos: list[int] = []
         if os.path.isfile(os.path.join(path, "generation_config.json")):

@@ -5,7 +5,7 @@ Requests are validated by vLLM's own OpenAI protocol models; a bad one (malforme
 `stream` or `n` > 1, a context longer than `rollout.max_model_len`, a call past `agent.max_calls`, an episode that
 has ended) is answered with an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`, 4xx), never
 passed to the engine. The stdlib's threading server: each call waits on its own thread while the runner batches
-the calls of all episodes into engine calls (rollout.agent).
+the calls of all episodes into engine calls (rollout.agents.runner).
 """
 from __future__ import annotations
 

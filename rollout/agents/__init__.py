@@ -1,0 +1,1 @@
+"""Agents: a user's own code played against the rollout's OpenAI-compatible endpoint."""

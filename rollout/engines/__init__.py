@@ -1,0 +1,1 @@
+"""Generation engines behind rollout.engine.RolloutEngine: vLLM and transformers, with what they keep between weight updates."""
