@@ -66,7 +66,7 @@ class EngineMemory:
 
     def release(self) -> None:
         if self.awake:
-            self.rollout.engines.sleep()
+            self.rollout.sleep()
             self.awake = False
 
     def __exit__(self, exc_type, *_) -> None:
