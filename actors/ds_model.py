@@ -164,7 +164,8 @@ class DSModel:
 
     def _shared_forward(self, mb: Batch, plan: PrefixPlan) -> PackedOutput:
         """trainer.shared_prefix: rows with the same prompt as one row, the prompt computed once
-        (actors/batching/prefix_sharing.py); the output comes back in the padded layout from the first trained position on."""
+        (actors/batching/prefix_sharing.py); the output comes back in the padded layout from the first trained position
+        on."""
         layout = share_prefixes(mb["input_ids"].cpu(), plan)
         start = first_target(mb["loss_mask"]) if self.trims_logits else 0
         mask = layer_masks(layout, getattr(self.module, "config", None), self.mask_dtype, self.device)

@@ -56,8 +56,8 @@ class ActorGroup:
         policy loss (PolicyTrainer with `algo`), SFT (PolicyTrainer without), or the value loss (Critic). `extra`:
         per-row tensors computed after the batch was shipped (advantages, old log-probs), cut like it and merged
         into it by each rank. With `mini_batches` = n > 0 (token-budget micro-batches), the rows of each of the n
-        mini-batches are dealt to the ranks by length (actors/batching/packing.py: deal_by_length), so no rank waits for one
-        that got the long rows."""
+        mini-batches are dealt to the ranks by length (actors/batching/packing.py: deal_by_length), so no rank waits
+        for one that got the long rows."""
         extra = extra or {}
         if mini_batches and self.world_size > 1:
             rows = {**(batch.batch if isinstance(batch, Shipped) else batch), **extra}

@@ -14,10 +14,8 @@ import torch
 from actors.dist import releases_gpu_cache
 from actors.ds_model import DSModel, save_tokenizer
 from actors.logits import shifted_logprobs, shifted_logprobs_entropy
-from algorithms.common import aggregate_loss, masked_mean
-from algorithms.dpo import dpo_loss
-from algorithms.kl import kl_estimate
-from algorithms.ppo import policy_loss
+from algorithms.dpo import dpo_objective
+from algorithms.objective import rl_objective
 from algorithms.sft import nll_loss
 from common.batch import Batch, sequence_logprobs
 from common.dtypes import DTYPES, weights_dtype
@@ -32,21 +30,6 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     return peft.get_peft_model(model, peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                       target_modules=list(lora.target_modules),
                                                       task_type="CAUSAL_LM"))
-
-
-def _shifted_logprobs(mb: Batch, out) -> torch.Tensor:
-    return shifted_logprobs(mb, out)
-
-
-def _rollout_checks(old: torch.Tensor, mb: Batch, algo: AlgorithmConfig) -> dict[str, torch.Tensor]:
-    """Token means over the micro-batch: |old - engine| log-prob (the engine/trainer agreement check) and the KL of
-    the old policy to the reference, where the rows hold what they need."""
-    out = {}
-    if "rollout_logprobs" in mb:
-        out["rollout/logprob_diff"] = masked_mean((old - mb["rollout_logprobs"]).abs(), mb["loss_mask"])
-    if "ref_logprobs" in mb:
-        out["rollout/kl"] = masked_mean(kl_estimate(old, mb["ref_logprobs"], algo.kl_estimator), mb["loss_mask"])
-    return out
 
 
 class PolicyTrainer:
@@ -101,7 +84,8 @@ class PolicyTrainer:
         input_ids, attention_mask, loss_mask, advantages (B, L-1), rollout_logprobs (the engine's) and ref_logprobs
         when KL is a loss term. The metrics include the rollout's `rollout/logprob_diff` (mean |old - engine|
         log-prob) and, with ref_logprobs, `rollout/kl` (old vs reference), computed here where the old log-probs
-        are: token means over each mini-batch, averaged over the update's optimizer steps.
+        are: token means over each mini-batch, averaged over the update's optimizer steps. The loss and its metrics
+        are algorithms/objective.py's rl_objective.
 
         Rows hold old_logprobs too, unless the update is a single on-policy step (one epoch, one mini-batch): then
         the weights are still those that generated the rollout, the old log-probs are this forward's own (detached;
@@ -110,23 +94,18 @@ class PolicyTrainer:
         if fused and (algo.ppo_epochs != 1 or len(batch["input_ids"]) * self.ds.world_size != self.cfg.batch_size):
             raise ValueError("rl_step without old_logprobs needs ppo_epochs == 1 and one mini-batch per rollout")
 
+        kl_coef = algo.kl_coef if algo.kl_mode() == "loss" else 0.0
+        surrogate = dict(surrogate=algo.policy_loss, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                         dual_clip=algo.dual_clip, tis_cap=algo.tis_cap, tis_mask=algo.tis_bounds(),
+                         tis_level=algo.rollout_correction)
+
         def loss_fn(mb: Batch, out, normalizer: float):
             logp, entropy = shifted_logprobs_entropy(mb, out, self.temperature)
-            old = logp.detach() if fused else mb["old_logprobs"]
-            loss, m = policy_loss(logp, old, mb["advantages"], mb["loss_mask"], clip_low=algo.clip_low,
-                                  clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-                                  rollout_logprobs=mb.get("rollout_logprobs"), tis_cap=algo.tis_cap,
-                                  agg=algo.loss_agg, normalizer=normalizer, max_len=algo.loss_norm_len,
-                                  surrogate=algo.policy_loss, tis_mask=algo.tis_bounds(),
-                                  tis_level=algo.rollout_correction)
-            m.update(_rollout_checks(old, mb, algo))
-            if algo.kl_coef > 0 and not algo.kl_in_reward:
-                kl = kl_estimate(logp, mb["ref_logprobs"], algo.kl_estimator)
-                loss = loss + algo.kl_coef * aggregate_loss(kl, mb["loss_mask"], algo.loss_agg,
-                                                            normalizer=normalizer, max_len=algo.loss_norm_len)
-                m["policy/kl"] = masked_mean(kl, mb["loss_mask"]).detach()
-            m["policy/entropy"] = masked_mean(entropy, mb["loss_mask"])
-            return loss, m
+            return rl_objective(logp, logp.detach() if fused else mb["old_logprobs"], mb["advantages"],
+                                mb["loss_mask"], entropy, ref_logprobs=mb.get("ref_logprobs"),
+                                rollout_logprobs=mb.get("rollout_logprobs"), kl_coef=kl_coef,
+                                kl_estimator=algo.kl_estimator, agg=algo.loss_agg, normalizer=normalizer,
+                                max_len=algo.loss_norm_len, **surrogate)
 
         metrics = self.ds.train_epochs(batch, algo.ppo_epochs, loss_fn, algo.loss_agg)
         metrics["policy/loss"] = metrics.pop("loss")
@@ -135,18 +114,11 @@ class PolicyTrainer:
     def dpo_step(self, batch: Batch, algo: AlgorithmConfig) -> dict[str, float]:
         """One optimizer step of DPO on interleaved pairs (see common.batch.pack_pairs); rows also hold ref_logps (B,),
         the reference model's summed completion log-probs."""
-        def loss_fn(mb: Batch, out, normalizer: float):
-            logps = sequence_logprobs(_shifted_logprobs(mb, out), mb["loss_mask"])
-            ref = mb["ref_logps"]
-            tokens = mb["loss_mask"].sum(-1)
-            loss, m = dpo_loss(logps[0::2], logps[1::2], ref[0::2], ref[1::2], beta=algo.beta,
-                               loss_type=algo.dpo_loss, label_smoothing=algo.label_smoothing,
-                               chosen_tokens=tokens[0::2], rejected_tokens=tokens[1::2])
-            if algo.dpo_nll_coef > 0:  # keeps the chosen answer likely; plain DPO may lower both sides
-                nll = (-logps[0::2] / mb["loss_mask"][0::2].sum(-1).clamp(min=1)).mean()
-                loss = loss + algo.dpo_nll_coef * nll
-                m["dpo/chosen_nll"] = nll.detach()
-            return loss * len(logps) / normalizer, m  # mean over the mini-batch's pairs, not this micro-batch's
+        def loss_fn(mb: Batch, out, normalizer: float):  # the mean over the mini-batch's pairs
+            logps = sequence_logprobs(shifted_logprobs(mb, out), mb["loss_mask"])
+            return dpo_objective(logps, mb["ref_logps"], mb["loss_mask"].sum(-1), beta=algo.beta,
+                                 loss_type=algo.dpo_loss, label_smoothing=algo.label_smoothing,
+                                 nll_coef=algo.dpo_nll_coef, normalizer=normalizer)
         metrics = self.ds.optimizer_step(batch, loss_fn, "seq-mean", unit=2)  # pairs stay in one micro-batch
         metrics["train/loss"] = metrics.pop("loss")
         return metrics

@@ -46,3 +46,23 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
         "dpo/reward_accuracy": (chosen_reward > rejected_reward).float().mean(),
         "dpo/reward_margin": (chosen_reward - rejected_reward).mean(),
     }
+
+
+def dpo_objective(logps: torch.Tensor, ref_logps: torch.Tensor, tokens: torch.Tensor, beta: float = 0.1,
+                  loss_type: str = "sigmoid", label_smoothing: float = 0.0, nll_coef: float = 0.0,
+                  normalizer: Optional[float] = None) -> tuple[torch.Tensor, dict]:
+    """DPO on interleaved pairs: `logps`, `ref_logps`, `tokens` (2P,) with chosen at even rows, rejected at odd (the
+    policy's and the reference's summed completion log-probs, the completions' token counts).
+
+    loss = dpo_loss + nll_coef * the chosen completions' per-token NLL (keeps the chosen answer likely, where plain
+    DPO may lower both sides; RPO, Pang et al. 2024), a mean over the P pairs; with `normalizer` (the mini-batch's
+    sequence count, when it spans several micro-batches) scaled by 2P / normalizer so the mini-batch's micro-batch
+    losses add up to its mean."""
+    loss, metrics = dpo_loss(logps[0::2], logps[1::2], ref_logps[0::2], ref_logps[1::2], beta=beta,
+                             loss_type=loss_type, label_smoothing=label_smoothing, chosen_tokens=tokens[0::2],
+                             rejected_tokens=tokens[1::2])
+    if nll_coef > 0:
+        nll = (-logps[0::2] / tokens[0::2].clamp(min=1)).mean()
+        loss = loss + nll_coef * nll
+        metrics["dpo/chosen_nll"] = nll.detach()
+    return (loss if normalizer is None else loss * len(logps) / normalizer), metrics

@@ -4,8 +4,8 @@ trajectory's turn generated, then every environment stepped, then the next turn)
 
     python benchmarks/env_overlap.py [--size 1M] [--rows 32] [--n 4] [--sleep 0.5] [--workers 64] [--repeats 3]
 
-The environment is the number-guessing game (rollout.multiturn.guess) with a fixed sleep in every step, as a tool call or a
-sandbox would take. One vLLM engine in a Ray actor; the modes alternate, the table gives medians and the ratio.
+The environment is the number-guessing game (rollout.multiturn.guess) with a fixed sleep in every step, as a tool call
+or a sandbox would take. One vLLM engine in a Ray actor; the modes alternate, the table gives medians and the ratio.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {
                  "PYTHONPATH": python_path(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}})
-    group = RolloutGroup.create(1, dict(model_path=model, dtype="float32", max_model_len=256, kv_cache_mb=32), engine_cls=VLLMEngine)
+    group = RolloutGroup.create(1, dict(model_path=model, dtype="float32", max_model_len=256, kv_cache_mb=32),
+                                engine_cls=VLLMEngine)
     renderer = PromptRenderer.from_pretrained(model)
     rng = random.Random(0)
     rows = [{"secret": rng.randint(1, 15), "high": 15} for _ in range(args.rows)]

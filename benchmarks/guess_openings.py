@@ -1,7 +1,7 @@
-"""Which opening lets SmolLM2-135M-Instruct play the guessing game (rollout.multiturn.guess)? For each candidate opening: how
-often the model's first turn is a bare number or holds one, and, after a first guess of 5 answered "higher", how often
-its next turn names a number in the range it was told. Sampled by vLLM at the recipe's temperature, 16 samples each,
-through the checkpoint's chat template. Prints a table (docs/real-model.md quotes it).
+"""Which opening lets SmolLM2-135M-Instruct play the guessing game (rollout.multiturn.guess)? For each candidate
+opening: how often the model's first turn is a bare number or holds one, and, after a first guess of 5 answered
+"higher", how often its next turn names a number in the range it was told. Sampled by vLLM at the recipe's temperature,
+16 samples each, through the checkpoint's chat template. Prints a table (docs/real-model.md quotes it).
 
     .venv/bin/python benchmarks/guess_openings.py
 """

@@ -12,7 +12,8 @@ rollout:  VLLMEngine.generate (per-prompt seeds, log-probs, token ids) against t
 sync:     VLLMEngine.update_weights of every trainer tensor (a hybrid rank's local channel: vLLM's reload, then the
           prefix-cache reset) against a plain copy of the same bytes (GB/s) and against vLLM-CPU's repacking of
           the linear weights for its kernels alone (what every load on CPU must redo).
-eval:     rlhf.stages.evaluate.evaluate, greedy, on the 128 held-out prompts (the recipe's eval without its pass@k).
+eval:     rollout.episodes.evaluate_completions, greedy, on the 128 held-out prompts (the recipe's eval without its
+pass@k).
 """
 from __future__ import annotations
 
@@ -145,9 +146,9 @@ def main() -> None:
     from common.dtypes import DTYPES
     from rlhf import smollm2
     from rlhf.config import EvalConfig
-    from rlhf.stages.evaluate import evaluate
     from rollout.engine import SamplingConfig
     from rollout.engines.vllm import VLLMEngine
+    from rollout.episodes import evaluate_completions
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward
 
@@ -161,7 +162,8 @@ def main() -> None:
                               stop_token_ids=renderer.stop_ids([r["prompt"] for r in evals]))
     prompts = [renderer.prompt_ids(r["prompt"]) for r in evals[:args.prompts]]
     samples, rollout_rows = bench_rollout(engine, prompts, sampling, args.repeats)
-    eval_s = median_time(lambda: evaluate(engine, renderer, evals, math_reward, EvalConfig(max_new_tokens=64)), 1)
+    eval_cfg = EvalConfig(max_new_tokens=64)
+    eval_s = median_time(lambda: evaluate_completions(engine, renderer, evals, math_reward, eval_cfg), 1)
 
     batch = rollout_batch(samples, args.n)
     rows_n = len(samples)

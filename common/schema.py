@@ -15,9 +15,8 @@ _FIRST = object()
 
 def one_of(*allowed: Any, default: Any = _FIRST):
     """A dataclass field whose value must be one of `allowed`, by default the first (null passes where the key is
-    Optional). OmegaConf
-    cannot enforce these as Enum types (names like bf16-true and k3+ are not identifiers), so rlhf.config.checks
-    does, and --help-config and docs/config-reference.md list them."""
+    Optional). OmegaConf cannot enforce these as Enum types (names like bf16-true and k3+ are not identifiers), so
+    rlhf.config.checks does, and --help-config and docs/config-reference.md list them."""
     return field(default=allowed[0] if default is _FIRST else default, metadata={"choices": allowed})
 
 
@@ -73,7 +72,8 @@ class TrainerConfig:
     max_tokens_per_micro_batch: Optional[int] = None
     # each micro-batch's rows end to end without padding, position ids restarting per row
     # (actors/batching/packing.py: pack_rows); the same loss. For per-sequence attention (flash attention on GPU); on
-    # CPU sdpa's dense mask makes it slower (benchmarks/results/train_phase.md). Policy and critic (per-token outputs), not the reward model
+    # CPU sdpa's dense mask makes it slower (benchmarks/results/train_phase.md). Policy and critic (per-token outputs),
+    # not the reward model
     packing: bool = False
     # rows that share a prompt (a group's samples, a DPO pair) go through the model as one row, the prompt computed
     # once, under a 4D attention mask (actors/batching/prefix_sharing.py); the same loss and gradient. sdpa or eager
@@ -149,6 +149,13 @@ class AlgorithmConfig:
         """(tis_mask_low, tis_mask_high), or None when masking is off."""
         return None if self.tis_mask_low is None else (self.tis_mask_low, self.tis_mask_high)
 
+    def kl_mode(self) -> str:
+        """Where the KL to the reference goes: "off" (kl_coef 0: no reference model at all), "reward" (a per-token
+        penalty in the rewards, estimated on the driver) or "loss" (a loss term, estimated by the update)."""
+        if self.kl_coef == 0:
+            return "off"
+        return "reward" if self.kl_in_reward else "loss"
+
 
 @dataclass
 class EnvConfig:
@@ -176,8 +183,8 @@ class RewardConfig:
 
 @dataclass
 class AgentConfig:
-    """An agent's own code played against the rollout's OpenAI-compatible endpoint (rollout.agents.runner). `fn` unset = no
-    agent."""
+    """An agent's own code played against the rollout's OpenAI-compatible endpoint (rollout.agents.runner). `fn` unset
+    = no agent."""
 
     fn: Optional[str] = None  # package.module:function, run(row, client) -> reward; sync or async
     tool_parser: str = "hermes"  # vLLM's tool-call parser for the model family (hermes, llama3_json, pythonic, ...)
@@ -347,7 +354,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)  # stage rl, algorithm.name=opd
     env: EnvConfig = field(default_factory=EnvConfig)  # stage rl: multi-turn rollouts (rollout.env)
-    agent: AgentConfig = field(default_factory=AgentConfig)  # stage rl: agents through an endpoint (rollout.agents.runner)
+    agent: AgentConfig = field(default_factory=AgentConfig)  # stage rl: agents through an endpoint (rollout/agents/)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -50,8 +50,8 @@ class Sample:
 @dataclass
 class EnvOutcome:
     """A trajectory's account from its environment: summed reward, model turns, seconds spent in reset/step, and
-    whether it ended on an environment error or timeout (then reward 0); for an agent (rollout.agents.runner): its reward,
-    its calls, its seconds, and how many times it rewrote its history (rollout.agents.episode)."""
+    whether it ended on an environment error or timeout (then reward 0); for an agent (rollout.agents.runner): its
+    reward, its calls, its seconds, and how many times it rewrote its history (rollout.agents.episode)."""
 
     reward: float
     turns: int

@@ -3,8 +3,8 @@
 An `Environment` is made once per trajectory (`env.name: package.module:ClassName`, constructed with `env.kwargs`).
 `reset(row)` gives the first user message from a dataset row; then each model turn's text goes to `step(action)`,
 whose observation becomes the next user (or tool) turn, until `done` or `env.max_turns`. The trajectory's reward is
-the sum of its steps' rewards. `rollout.multiturn.trajectory` runs many of them at once, stepping environments in a thread
-pool while the engines generate other trajectories' turns.
+the sum of its steps' rewards. `rollout.multiturn.trajectory` runs many of them at once, stepping environments in a
+thread pool while the engines generate other trajectories' turns.
 
 Tools are plain functions an environment calls when the action asks for one; `call_tool` covers the common form
 `<tool>name(argument)</tool>`, the tool's result then being the observation:

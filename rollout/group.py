@@ -34,7 +34,8 @@ SHUTDOWN_TIMEOUT_S = 30.0  # an engine's clean shutdown; past it the engine is k
 class RolloutGroup:
     """With `max_restarts` > 0 and an `on_restart(engine)` callback (set by the controller: re-form the sync channel
     and push the current weights), an engine whose process dies is restarted by Ray and its share of the generation
-    (or of a call on every engine) is redone; `restarts` counts them. Without a callback, a death raises `WorkerDied`."""
+    (or of a call on every engine) is redone; `restarts` counts them. Without a callback, a death raises
+    `WorkerDied`."""
 
     def __init__(self, engines: list, timeout_s: Optional[float] = None, in_trainers: bool = False):
         """`in_trainers`: the engines are hosted by the policy trainer ranks' own actors (placement.mode: hybrid),
@@ -178,9 +179,9 @@ class RolloutGroup:
 
     def advance(self, new: list[list[Request]], sampling: SamplingConfig, steps: int,
                 rows: int) -> tuple[list[Advanced], list[int]]:
-        """In-flight generation (rollout.engines.inflight): engine i starts `new[i]` and every engine runs `steps` steps of
-        its kept requests (`rows` of them in all, for the deadline). Returns each engine's answer, and the engines
-        restarted meanwhile: their kept requests are gone (and their counts start again), and the caller starts
+        """In-flight generation (rollout.engines.inflight): engine i starts `new[i]` and every engine runs `steps`
+        steps of its kept requests (`rows` of them in all, for the deadline). Returns each engine's answer, and the
+        engines restarted meanwhile: their kept requests are gone (and their counts start again), and the caller starts
         those requests again."""
         lives, lost = list(self.lives), []
         refs = [e.advance.remote(n, sampling, steps) for e, n in zip(self.engines, new)]

@@ -236,3 +236,10 @@ def test_every_fixed_set_is_checked_from_its_one_declaration():
         wrong = 7 if isinstance(allowed[0], int) else "nope"
         with pytest.raises(UserError, match=f"{key} = {wrong!r}: must be one of {allowed[0]}"):
             read_config(None, [f"{key}={wrong}"])
+
+
+def test_the_kl_mode_is_one_value_read_from_kl_coef_and_kl_in_reward():
+    from common.schema import AlgorithmConfig
+    assert AlgorithmConfig(kl_coef=0.0, kl_in_reward=True).kl_mode() == "off"
+    assert AlgorithmConfig(kl_coef=0.1).kl_mode() == "loss"
+    assert AlgorithmConfig(kl_coef=0.1, kl_in_reward=True).kl_mode() == "reward"

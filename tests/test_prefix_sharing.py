@@ -1,5 +1,5 @@
-"""trainer.shared_prefix (actors/batching/prefix_sharing.py): rows that share a prompt go through the model as one row, the
-prompt once; the losses see the padded forward's outputs, and an update equals the padded one."""
+"""trainer.shared_prefix (actors/batching/prefix_sharing.py): rows that share a prompt go through the model as one row,
+the prompt once; the losses see the padded forward's outputs, and an update equals the padded one."""
 from dataclasses import replace
 
 import pytest

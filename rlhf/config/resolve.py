@@ -78,7 +78,7 @@ def role_ranks(cfg: RunConfig, needs_critic: Optional[bool] = None) -> dict[str,
     ranks = {"policy": cfg.trainer.world_size}
     if cfg.placement.mode != "hybrid":
         ranks["rollout"] = cfg.rollout.num_engines
-    if cfg.algorithm.kl_coef > 0 and cfg.model.lora.rank == 0:
+    if cfg.algorithm.kl_mode() != "off" and cfg.model.lora.rank == 0:
         ranks["reference"] = reference_ranks(cfg.placement.reference_ranks, cfg.placement.mode,
                                              cfg.placement.num_gpus, cfg.trainer.world_size)
     if needs_critic:

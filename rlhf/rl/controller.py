@@ -26,13 +26,12 @@ from rlhf.config.resolve import require_resolved
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
 from rlhf.rl.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
-from rlhf.rl.startup import teacher_model
+from rlhf.rl.startup import check_teacher
 from rlhf.stages.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
-from rlhf.stages.evaluate import env_metrics, evaluate, evaluate_env
 from rlhf.stages.loop import answer_metric, drive, resume_point, worker_died
 from rlhf.weights.tiny import ensure_model
 from rollout.engine import SamplingConfig
-from rollout.rewards import reward_fn_for, score_rows
+from rollout.episodes import episodes_for
 from rollout.sources import rollout_source
 
 
@@ -42,23 +41,21 @@ class RLController:
         require_resolved(cfg)
         self.cfg, a, r = cfg, cfg.algorithm, cfg.rollout
         self.estimator = estimator(a.name)
-        # env.name / agent.fn: the environment's reset() or the agent writes the first message (rows need no prompt)
-        # and gives the reward
-        multi_turn = cfg.env.name is not None or cfg.agent.fn is not None
         clock = PhaseTimer()  # where start-up goes: logged with step 0, printed below
         with clock("start_inputs"):  # inputs first: bad data fails fast
-            self.reward_fn = None if multi_turn else reward_fn_for(cfg.reward, cfg.data.task)
+            self.episodes = episodes_for(cfg)  # completions, an environment's trajectories or an agent's episodes
             self.per_round = math.ceil(r.prompts_per_step * a.oversample)  # prompts a rollout round generates
-            self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=not multi_turn),
+            need_prompt = self.episodes.needs_prompt
+            self.prompts = BatchIterator(prompt_rows(cfg.data, "train", cfg.seed, need_prompt=need_prompt),
                                          self.per_round, cfg.seed)
-            self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=not multi_turn)
+            self.eval_rows = prompt_rows(cfg.data, "eval", cfg.seed, need_prompt=need_prompt)
             self.model_path = ensure_model(cfg.model.path, cfg.model.tiny, cfg.output_dir, cfg.seed)
             if cfg.teacher.path is not None:
-                teacher_model(cfg, self.model_path)
+                check_teacher(cfg, self.model_path)
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
         # One update per rollout (one epoch, one mini-batch): the old log-probs are the training forward's own.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
-                                   and not (a.kl_coef > 0 and a.kl_in_reward))
+                                   and a.kl_mode() != "reward")
         self.resume_from, self.resume_state = resume_point(cfg)  # before anything appends to the run folder
         self.dumps = RolloutDumps(cfg.output_dir, cfg.logging, self.resume_state["step"] if self.resume_state else -1)
         with ThreadPoolExecutor(1) as pool, clock("start_ray_tokenizer"):  # the tokenizer loads as Ray starts
@@ -67,26 +64,19 @@ class RLController:
             self.renderer = renderer.result()  # a bad tokenizer fails here, before any worker starts
         self.tokenizer_path = tokenizer_source(cfg, self.model_path, self.renderer)  # saved beside every model
         self._start_workers()
-        self.trajectories = None  # env.name / agent.fn: multi-turn rollouts
-        if cfg.agent.fn is not None:
-            from rollout.agents.runner import AgentRunner
-            self.trajectories = AgentRunner(self.rollout, self.renderer, cfg.agent, r.max_model_len)
-        elif multi_turn:
-            from rollout.env import load_environment
-            from rollout.multiturn.trajectory import TrajectoryRunner
-            self.trajectories = TrajectoryRunner(self.rollout, self.renderer, load_environment(cfg.env.name),
-                                                 cfg.env, r.max_model_len)
-        self.source = rollout_source(self.rollout, self.prompts, self.renderer, self._sampling, r.max_staleness,
-                                     r.chunk_tokens, cfg.trainer.max_steps, self.trajectories)
-        if r.max_engine_restarts > 0 and not self.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
-            self.rollout.on_restart = lambda engine: self.source.on_restart(engine, self._engine_restarted)
+        self.episodes.start(self.workers.rollout, self.renderer, self.workers.reward_model)
+        self.source = rollout_source(self.workers.rollout, self.prompts, self.episodes, self._sampling,
+                                     max_staleness=r.max_staleness, chunk_tokens=r.chunk_tokens,
+                                     last_step=cfg.trainer.max_steps)
+        if r.max_engine_restarts > 0 and not self.workers.rollout.in_trainers:  # (hybrid: a dead engine is a dead rank)
+            self.workers.rollout.on_restart = lambda engine: self.source.on_restart(engine, self._engine_restarted)
         self.trained_rows = TrainedRows(cfg.output_dir)
         self.startup = {**clock.times, **self.startup, "time/start_since_launch": since_launch()}
         self.logger = MetricsLogger(cfg.output_dir, cfg.logging, cfg.trainer.max_steps, to_yaml(cfg), desc=a.name,
                                     max_new_tokens=cfg.rollout.max_new_tokens)
         self.logger.console(startup_line(self.startup))
-        if cfg.agent.fn is not None:
-            self.logger.console(f"agent endpoint: {self.trajectories.endpoint.url('<episode>')}")
+        if self.episodes.notice() is not None:  # (agents: where the endpoint listens)
+            self.logger.console(self.episodes.notice())
 
     def _start_workers(self) -> None:
         from rlhf.rl.startup import start_workers
@@ -94,12 +84,10 @@ class RLController:
         from rollout.sync.buckets import plan_buckets
 
         cfg, r = self.cfg, self.cfg.rollout
-        w = start_workers(cfg, self.model_path, self.estimator.needs_critic)
-        self.placement, self.policy, self.critic, self.reference, self.teacher, self.reward_model = \
-            w.placement, w.policy, w.critic, w.reference, w.teacher, w.reward_model
-        self.rollout, self.lora_reference, self.startup = w.rollout, w.lora_reference, w.startup
+        w = self.workers = start_workers(cfg, self.model_path, self.estimator.needs_critic)
+        self.startup = w.startup
         engines_start = time.perf_counter()
-        self.plan = plan_buckets(self.policy.weight_specs(), r.sync_bucket_mb << 20)
+        self.plan = plan_buckets(self.workers.policy.weight_specs(), r.sync_bucket_mb << 20)
         self.channel = "adapter" if w.adapter_sync else sync_channel(
             r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines, cfg.trainer.world_size)
         self._setup_sync()
@@ -110,13 +98,14 @@ class RLController:
         """Form the trainer -> engines channel (again after an engine restart: its old peer is gone)."""
         from rollout.sync import setup_sync
         if self.channel != "adapter":
-            self.channel = setup_sync(self.channel, self.policy.actors, self.rollout, self.plan,
+            self.channel = setup_sync(self.channel, self.workers.policy.actors, self.workers.rollout, self.plan,
                                       self.cfg.rollout.sync_channel == "ipc",
                                       verify=self.cfg.rollout.verify_sync_every > 0)
 
     def _engine_restarted(self, engine: int) -> None:
         """Ray restarted a dead engine with the weights it started with: bring it to the trainer's."""
-        self.logger.console(f"rollout engine {engine} died and Ray restarted it ({self.rollout.restarts} restart(s) "
+        restarts = self.workers.rollout.restarts
+        self.logger.console(f"rollout engine {engine} died and Ray restarted it ({restarts} restart(s) "
                             "so far); pushing the current weights into it and redoing its share of the work")
         self._setup_sync()
         self._push_weights()
@@ -126,7 +115,7 @@ class RLController:
         a = self.cfg.algorithm
         t = PhaseTimer()
         rollout, metrics, row_ids, sampled = self._collect(step, t)  # timed as rollout + reward
-        shipped = self.policy.ship(rollout.rows())  # put once: every worker call of the step passes its references
+        shipped = self.workers.policy.ship(rollout.rows())  # put once: the step's worker calls pass its references
         with t("ref"):
             scores = self._token_scores(shipped)
         overlong, distill = self._overlong(rollout), teacher_kl(rollout, scores)  # DAPO's shaping, opd's signal
@@ -135,10 +124,10 @@ class RLController:
         mini_batches = len(rollout.input_ids) // self.cfg.trainer.batch_size \
             if self.cfg.trainer.max_tokens_per_micro_batch else 0
         with t("train"):
-            metrics.update(self.policy.train_step(shipped, a, mini_batches,
+            metrics.update(self.workers.policy.train_step(shipped, a, mini_batches,
                                                   extra=self._policy_inputs(scores, advantages)))
-            if self.critic is not None:
-                metrics.update(self.critic.train_step(shipped, a, mini_batches,
+            if self.workers.critic is not None:
+                metrics.update(self.workers.critic.train_step(shipped, a, mini_batches,
                                                       extra={"old_values": scores.old_values, "returns": returns}))
         with t("sync"):
             self._sync_weights(step)
@@ -155,11 +144,12 @@ class RLController:
 
     def _token_scores(self, shipped: Shipped) -> TokenScores:
         """The old policy's, the reference's and the critic's view of the rollout's tokens, each where needed."""
-        old = None if self.fused_old_logprobs else self.policy.compute_logprobs(shipped)
-        ref = (self.reference.compute_logprobs(shipped) if self.reference is not None
-               else self.policy.compute_ref_logprobs(shipped) if self.lora_reference else None)
-        values = self.critic.compute_values(shipped) if self.critic is not None else None
-        teacher = self.teacher.compute_logprobs(shipped) if self.teacher is not None else None
+        w = self.workers
+        old = None if self.fused_old_logprobs else w.policy.compute_logprobs(shipped)
+        ref = (w.reference.compute_logprobs(shipped) if w.reference is not None
+               else w.policy.compute_ref_logprobs(shipped) if w.lora_reference else None)
+        values = w.critic.compute_values(shipped) if w.critic is not None else None
+        teacher = w.teacher.compute_logprobs(shipped) if w.teacher is not None else None
         return TokenScores(old, ref, values, teacher)
 
     def _policy_inputs(self, scores: TokenScores, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -168,7 +158,7 @@ class RLController:
         a, extra = self.cfg.algorithm, {"advantages": advantages}
         if scores.old_logprobs is not None:
             extra["old_logprobs"] = scores.old_logprobs
-        if scores.ref_logprobs is not None and not a.kl_in_reward:
+        if scores.ref_logprobs is not None and a.kl_mode() == "loss":
             extra["ref_logprobs"] = scores.ref_logprobs
         return extra
 
@@ -180,17 +170,18 @@ class RLController:
     def _push_weights(self) -> None:
         """The trainer's new weights into every engine: the LoRA adapter alone, or all weights (ipc or broadcast)."""
         from rollout.sync import sync_weights
-        self.rollout.wake_up(["weights"])
+        policy, engines = self.workers.policy, self.workers.rollout
+        engines.wake_up(["weights"])
         if self.channel == "adapter":
-            self.rollout.load_adapter(self.policy.export_adapter())
+            engines.load_adapter(policy.export_adapter())
         else:
             every = self.cfg.rollout.verify_sync_every
             checked = bool(every) and (self.syncs + 1) % every == 0 and self.channel in ("ipc", "broadcast")
-            sync_weights(self.policy.actors, self.rollout, fingerprint=checked)  # only checked syncs fingerprint
+            sync_weights(policy.actors, engines, fingerprint=checked)  # only checked syncs fingerprint
             self.syncs += 1
             if checked:
                 from rollout.sync.check import verify_sync
-                self.verified = verify_sync(self.policy.actors, self.rollout, self.channel)
+                self.verified = verify_sync(policy.actors, engines, self.channel)
 
     MAX_FILL_ROUNDS = 4  # dynamic sampling: rollout rounds per step before topping up with all-equal groups
 
@@ -222,7 +213,7 @@ class RLController:
         """trainer.offload (GPU colocation): the engines get the memory; the trainers reload on their next call."""
         if self.cfg.trainer.offload:
             with t("offload"):
-                for group in (self.policy, self.critic):
+                for group in (self.workers.policy, self.workers.critic):
                     if group is not None:
                         group.offload()
 
@@ -234,35 +225,22 @@ class RLController:
         done_generating()
         packed = samples_to_batch(samples, self.renderer.pad_id)
         with t("reward"):
-            scores, scored = self._score(rows, samples, packed)
+            scores, scored = self.episodes.score(rows, samples, packed)
         if attempt == 0:
             self.dumps.write(step, rows, samples, scores, self.renderer)
         return Round(row_ids, RolloutBatch.of(samples, scores, self.renderer.pad_id, packed),
                      {**metrics, **scored}, informative_groups(scores, self.cfg.rollout.n_samples))
 
-    def _sampling(self, step: int, attempt: int, stops: tuple[int, ...]) -> SamplingConfig:
+    def _sampling(self, step: int, attempt: int) -> SamplingConfig:
         r = self.cfg.rollout
         return SamplingConfig(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              n=r.n_samples, seed=self.seed_for(step, attempt), stop_token_ids=stops)
+                              n=r.n_samples, seed=self.seed_for(step, attempt))
 
     def seed_for(self, step: int, attempt: int) -> Optional[int]:
         """Per-prompt sampling seeds (reproducible rollouts; on CPU by default), or None: the engine's own RNG."""
         if not self.cfg.rollout.seed_per_prompt:
             return None
         return self.cfg.seed * 1_000_003 + step * 10_007 + attempt * 101
-
-    def _score(self, rows, samples, batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Rewards from the reward model when configured (the task's own reward is then only logged), else from
-        the reward function; for multi-turn trajectories, the sum of their environment's rewards."""
-        if self.trajectories is not None:
-            return torch.tensor([s.env.reward for s in samples]), env_metrics(samples)
-        completions = [self.renderer.decode(s.completion_ids) for s in samples]
-        task = torch.tensor(score_rows(self.reward_fn, [rows[s.prompt_index] for s in samples], completions))
-        if self.reward_model is None:
-            return task, {}
-        rm = {k: batch[k] for k in ("input_ids", "attention_mask")}
-        return self.reward_model.score(rm), {
-            "rollout/task_reward_mean": task.mean().item()}
 
     def _overlong(self, rollout: RolloutBatch) -> Optional[torch.Tensor]:
         """algorithm.overlong_buffer: (B,) the reward each sample loses for running into the length budget."""
@@ -280,7 +258,7 @@ class RLController:
         update estimates it)."""
         a = self.cfg.algorithm
         kl = kl_estimate(scores.old_logprobs, scores.ref_logprobs, a.kl_estimator) \
-            if scores.ref_logprobs is not None and a.kl_in_reward else None
+            if a.kl_mode() == "reward" else None
         rewards = rollout.rewards if overlong is None else rollout.rewards + overlong
         advantages, returns = self.estimator.fn(EstimatorInputs(
             rewards, rollout.loss_mask, self.cfg.rollout.n_samples, kl=kl, kl_coef=a.kl_coef, values=scores.old_values,
@@ -298,14 +276,12 @@ class RLController:
                              "cache shows up here)")
         from_rewards = self.estimator.from_rewards or self.cfg.algorithm.opd_task_coef > 0
         return {**rollout_metrics(rollout, kl, self.cfg.rollout.n_samples, from_rewards),
-                "rollout/engine_restarts": float(self.rollout.restarts)}
+                "rollout/engine_restarts": float(self.workers.rollout.restarts)}
 
     # ---- the loop ----
     def evaluate(self) -> dict[str, float]:
-        self.rollout.wake_up(["kv_cache"])
-        if self.trajectories is not None:
-            return evaluate_env(self.trajectories, self.eval_rows, self.cfg.eval)
-        return evaluate(self.rollout, self.renderer, self.eval_rows, self.reward_fn, self.cfg.eval, self.cfg.seed)
+        self.workers.rollout.wake_up(["kv_cache"])
+        return self.episodes.evaluate(self.eval_rows, self.cfg.eval, self.cfg.seed)
 
     def fit(self) -> dict[str, float]:
         """The shared loop (rlhf.stages.loop.drive) over this controller's steps; returns the last metrics row."""
@@ -317,11 +293,12 @@ class RLController:
         return self.startup
 
     def save(self, folder: str) -> None:
-        self.policy.save_checkpoint(folder)
-        if self.critic is not None:
-            self.critic.save_checkpoint(folder)
+        w = self.workers
+        w.policy.save_checkpoint(folder)
+        if w.critic is not None:
+            w.critic.save_checkpoint(folder)
         # with LoRA, the adapter's copy alone (policy_hf_adapter/): the base is model.path
-        self.policy.save_hf(os.path.join(folder, "policy_hf"), self.tokenizer_path, merged=False)
+        w.policy.save_hf(os.path.join(folder, "policy_hf"), self.tokenizer_path, merged=False)
 
     def driver_state(self) -> dict:
         """The data position; generating ahead, also the prompts in flight with their tokens at the last sync."""
@@ -329,28 +306,27 @@ class RLController:
 
     def restore(self, folder: str, state: dict) -> None:
         """The checkpoint's weights and optimizer states into the workers, its weights into the engines."""
-        self.policy.load_checkpoint(folder)
-        if self.critic is not None:
-            self.critic.load_checkpoint(folder)
+        w = self.workers
+        w.policy.load_checkpoint(folder)
+        if w.critic is not None:
+            w.critic.load_checkpoint(folder)
         self.source.restore(state, state["step"])
         self._sync_weights(state["step"])
 
     def save_final(self, out: str) -> None:
-        self.policy.save_hf(out, self.tokenizer_path)
+        self.workers.policy.save_hf(out, self.tokenizer_path)
 
     def close(self) -> None:
         """Stop everything this run started. Best effort, part by part: after a worker died, shutting it down
         raises again, and that must neither mask the first error nor leave the other parts running."""
-        parts = [("rollout source", self.source.close),
-                 ("logger", self.logger.close), ("rollout engines", self.rollout.shutdown),
-                 ("policy trainers", self.policy.kill)]
-        if self.critic is not None:
-            parts.append(("critic", self.critic.kill))
-        if hasattr(self.trajectories, "close"):
-            parts.append(("agent endpoint", self.trajectories.close))
-        parts += [(role, x.kill) for role, x in (("reference model", self.reference), ("teacher", self.teacher),
-                                                  ("reward model", self.reward_model)) if x is not None]
-        for role, stop in parts + [("placement group", self.placement.remove)]:
+        w = self.workers
+        parts = [("rollout source", self.source.close), ("episodes", self.episodes.close),
+                 ("logger", self.logger.close), ("rollout engines", w.rollout.shutdown),
+                 ("policy trainers", w.policy.kill)]
+        parts += [(role, x.kill) for role, x in (("critic", w.critic), ("reference model", w.reference),
+                                                  ("teacher", w.teacher), ("reward model", w.reward_model))
+                  if x is not None]
+        for role, stop in parts + [("placement group", w.placement.remove)]:
             try:
                 stop()
             except Exception as e:  # noqa: BLE001 - a dead actor raises Ray's errors; report and go on

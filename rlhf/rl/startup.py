@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from rlhf.config import RunConfig
 from rlhf.config.resolve import role_ranks
 from rlhf.rl.placement import Placement
 from rlhf.weights.tiny import ensure_model
 
+if TYPE_CHECKING:
+    from actors.group import ActorGroup, Replicas
+    from rollout.group import RolloutGroup
+
 
 @dataclass
 class Workers:
     placement: Placement
-    policy: Any  # ActorGroup of PolicyTrainer
-    critic: Optional[Any]  # ActorGroup of Critic (ppo)
-    reference: Optional[Any]  # Replicas of ReferenceModel (kl_coef > 0 without LoRA)
-    teacher: Optional[Any]  # Replicas of ReferenceModel on teacher.path (opd)
-    reward_model: Optional[Any]  # Replicas of RewardModel (reward.model_path)
-    rollout: Any  # RolloutGroup
+    policy: ActorGroup  # of PolicyTrainer (or HybridWorker: trainer and engine in one actor)
+    critic: Optional[ActorGroup]  # of Critic (ppo)
+    reference: Optional[Replicas]  # of ReferenceModel (a KL term, without LoRA)
+    teacher: Optional[Replicas]  # of ReferenceModel on teacher.path (opd)
+    reward_model: Optional[Replicas]  # of RewardModel (reward.model_path)
+    rollout: RolloutGroup
     lora_reference: bool  # the reference is the policy with its adapter off
     adapter_sync: bool  # LoRA with vLLM: only the adapter is synced
     startup: dict[str, float]
@@ -96,7 +100,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     startup = {"time/start_trainers": engines_start - start,  # logged with step 0
                "time/start_engines": time.perf_counter() - engines_start, **agreed_dtypes(cfg, policy, rollout)}
     return Workers(placement, policy, critic, reference, teacher, reward_model, rollout,
-                   lora_reference=cfg.algorithm.kl_coef > 0 and m.lora.rank > 0, adapter_sync=adapter_sync,
+                   lora_reference=cfg.algorithm.kl_mode() != "off" and m.lora.rank > 0, adapter_sync=adapter_sync,
                    startup=startup)
 
 
@@ -144,17 +148,17 @@ def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: 
     reference = (Replicas(ReferenceModel, "reference model", placement.options["reference"], model_path,
                           precision=tr.precision, **scoring, **common)
                  if "reference" in ranks else None)
-    # (teacher.path was checked against the student by the controller, before Ray started: teacher_model)
+    # (teacher.path was checked against the student by the controller, before Ray started: check_teacher)
     teacher = (Replicas(ReferenceModel, "teacher", placement.options["teacher"], cfg.teacher.path, **scoring,
                         **common)
                if "teacher" in ranks else None)
     return reward_model, reference, teacher
 
 
-def teacher_model(cfg: RunConfig, student: str) -> str:
-    """teacher.path, checked: a model folder with the student's tokenizer (its log-probs are read on the student's
-    token ids) and at least as many embedding rows (the student may sample any of its rows; a larger model of the
-    same family often pads more: Qwen2.5-7B has 152,064 rows to 0.5B's 151,936)."""
+def check_teacher(cfg: RunConfig, student: str) -> None:
+    """Refuse a teacher.path that is not a model folder with the student's tokenizer (its log-probs are read on the
+    student's token ids) and at least as many embedding rows (the student may sample any of its rows; a larger model
+    of the same family often pads more: Qwen2.5-7B has 152,064 rows to 0.5B's 151,936)."""
     import json
     import os
 
@@ -177,7 +181,6 @@ def teacher_model(cfg: RunConfig, student: str) -> str:
         raise UserError(f"teacher.path = {path!r}: its embedding has {sizes[0]} rows, the student's ({student}) "
                         f"{sizes[1]}; a student token beyond the teacher's rows could not be scored. Use a teacher "
                         "with at least the student's vocab_size")
-    return path
 
 
 def _vocab(folder: str, key: str, trust_remote_code: bool) -> dict[str, int]:

@@ -8,9 +8,9 @@ import torch
 from common.batch import Batch, chunks, pack_pairs, sequence_logprobs
 from rlhf.config import RunConfig
 from rlhf.stages.data import BatchIterator, preference_rows, prompt_rows
-from rlhf.stages.evaluate import evaluate
 from rlhf.stages.loop import answer_metric, run_loop
 from rlhf.stages.setup import model_and_renderer, policy_and_engine
+from rollout.episodes import evaluate_completions
 from rollout.render import PromptRenderer
 from rollout.rewards import reward_fn_for
 
@@ -58,7 +58,7 @@ def run_dpo(cfg: RunConfig) -> dict[str, float]:
     def eval_fn() -> dict:
         ref = torch.tensor([v for r in held_out for v in r["ref_logps"]])
         ratios = _pair_logps(trainer, renderer, held_out) - ref
-        return {**evaluate(engine, renderer, eval_rows, reward_fn, cfg.eval, cfg.seed),
+        return {**evaluate_completions(engine, renderer, eval_rows, reward_fn, cfg.eval, cfg.seed),
                 **_pair_accuracy(ratios[0::2] - ratios[1::2])}
 
     return run_loop(cfg, step, eval_fn, answer_metric(cfg), trainer, batches, model_path)[1]

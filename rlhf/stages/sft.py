@@ -5,9 +5,9 @@ from __future__ import annotations
 from common.batch import Batch, pack_masked
 from rlhf.config import RunConfig
 from rlhf.stages.data import BatchIterator, prompt_rows
-from rlhf.stages.evaluate import evaluate
 from rlhf.stages.loop import answer_metric, run_loop
 from rlhf.stages.setup import model_and_renderer, policy_and_engine
+from rollout.episodes import evaluate_completions
 from rollout.render import PromptRenderer
 from rollout.rewards import reward_fn_for
 
@@ -40,5 +40,7 @@ def run_sft(cfg: RunConfig) -> dict[str, float]:
     def step(_: int) -> dict:
         return trainer.sft_step(tokenize_sft(renderer, batches.next()))
 
-    return run_loop(cfg, step, lambda: evaluate(engine, renderer, eval_rows, reward_fn, cfg.eval, cfg.seed),
+    def evaluate():
+        return evaluate_completions(engine, renderer, eval_rows, reward_fn, cfg.eval, cfg.seed)
+    return run_loop(cfg, step, evaluate,
                     answer_metric(cfg), trainer, batches, model_path)[1]

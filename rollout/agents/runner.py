@@ -37,7 +37,7 @@ from rollout.agents.episode import Episode, Plan
 from rollout.agents.render import ToolCalls
 from rollout.agents.server import AgentEndpoint, ApiError, completion_body
 from rollout.engine import Sample, SamplingConfig
-from rollout.multiturn.trajectory import MAX_HUNG_PER_WORKER, EnvCalls
+from rollout.multiturn.trajectory import EnvCalls, check_hung, report_failures
 from rollout.render import PromptRenderer, RenderError
 
 
@@ -238,19 +238,12 @@ class AgentRunner:
             c.done.set()
 
     def _report(self, episodes: list[Episode]) -> None:
-        failed = [e for e in episodes if e.error is not None]
-        if failed and len(failed) == len(episodes):
-            raise UserError(f"every agent episode ({len(failed)}) failed (agent.fn = {self.cfg.fn}); training on "
-                            f"them would learn nothing. The first failure:\n{failed[0].error}")
-        if failed:
-            print(f"warning: {len(failed)} of {len(episodes)} agent episodes failed and score 0 "
-                  f"(rollout/env_errors); the first failure:\n{failed[0].error}", file=sys.stderr)
+        errors = [e.error for e in episodes if e.error is not None]
+        report_failures(errors, len(episodes), ("agent episode", "agent episodes"), "", f" (agent.fn = {self.cfg.fn})")
 
     def _check_hung(self) -> None:
-        if len(self.hung) > MAX_HUNG_PER_WORKER * self.cfg.concurrency:
-            raise UserError(f"{len(self.hung)} episodes of agent.fn = {self.cfg.fn} are still running after "
-                            f"agent.timeout_s = {self.cfg.timeout_s} s and cannot be stopped; fix what hangs in the "
-                            "agent (or raise agent.timeout_s if it is only slow)")
+        check_hung(self.hung, self.cfg.concurrency, f"episodes of agent.fn = {self.cfg.fn}", "agent",
+                   self.cfg.timeout_s, "what hangs in the agent")
 
     # ---- the endpoint's side: one call ----
     def _handle(self, key: str, kind: str, body: dict) -> dict:
@@ -324,7 +317,8 @@ class AgentRunner:
 
 def _shared_http(connections: int):
     """One connection pool for every sync episode: a client of its own builds an SSL context while holding the
-    GIL, which spread a step's first calls out and split them into several engine calls (benchmarks/results/agent_endpoint.md)."""
+    GIL, which spread a step's first calls out and split them into several engine calls
+    (benchmarks/results/agent_endpoint.md)."""
     import httpx
     import openai
     return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=connections,

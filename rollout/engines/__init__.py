@@ -1,1 +1,2 @@
-"""Generation engines behind rollout.engine.RolloutEngine: vLLM and transformers, with what they keep between weight updates."""
+"""Generation engines behind rollout.engine.RolloutEngine: vLLM and transformers, with what they keep between
+weight updates."""

@@ -48,7 +48,8 @@ class VLLMEngine:
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
                  sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep"):
-        """`inflight_kv`: what requests kept across a sync continue on (rollout.engines.inflight). `sleep_level`: 2 (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
+        """`inflight_kv`: what requests kept across a sync continue on (rollout.engines.inflight). `sleep_level`: 2
+        (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
         the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
         sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
         a top_p nucleus), else of the raw logits."""
@@ -74,9 +75,9 @@ class VLLMEngine:
         # vLLM collects garbage five times while it starts (memory profiling), each a full pass over every object
         # torch, transformers and DeepSpeed made in this process (a large share of the engine's start in a
         # trainer's process), and an in-process engine core freezes the whole heap once started (EngineCore:
-        # freeze_gc_heap).
-        # One collection, then a freeze (vLLM's own order: no garbage is frozen), makes the later passes cover only
-        # what vLLM itself creates; with the engine core in a child process this one is unfrozen again below.
+        # freeze_gc_heap). One collection, then a freeze (vLLM's own order: no garbage is frozen), makes the later
+        # passes cover only what vLLM itself creates; with the engine core in a child process this one is unfrozen again
+        # below.
         gc.collect()
         gc.freeze()
         self.key = actor_key() if multiprocess else None  # a core left by this actor's killed predecessor: end it
@@ -128,8 +129,8 @@ class VLLMEngine:
         return counts.prefill, counts.generated
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
-        """In-flight generation (rollout.engines.inflight): start `new` (kept until they end), run `steps` engine steps, and
-        return what every kept request produced meanwhile (rollout.engines.inflight.KeptRequests)."""
+        """In-flight generation (rollout.engines.inflight): start `new` (kept until they end), run `steps` engine
+        steps, and return what every kept request produced meanwhile (rollout.engines.inflight.KeptRequests)."""
         self.sleep_state.check_can_generate()
         return self.kept.advance(new, sampling, steps)
 

@@ -136,6 +136,25 @@ def _run_into(fut: Future, fn: Callable, args: tuple) -> None:
 MAX_HUNG_PER_WORKER = 4  # timed-out environment calls still running, per env.num_workers, before the run stops
 
 
+def report_failures(errors: list[str], total: int, what: tuple[str, str], where: str, setting: str) -> None:
+    """A warning with the first failure when some of `total` episodes failed (they score 0); UserError when all
+    did. `what`: the episode's name, singular and plural; `where`, `setting`: the words that name the source."""
+    if errors and len(errors) == total:
+        raise UserError(f"every {what[0]} ({len(errors)}) failed{where}{setting}; training on them would learn "
+                        f"nothing. The first failure:\n{errors[0]}")
+    if errors:
+        print(f"warning: {len(errors)} of {total} {what[1]} failed{where} and score 0 (rollout/env_errors); the first "
+              f"failure:\n{errors[0]}", file=sys.stderr)
+
+
+def check_hung(hung: list, workers: int, what: str, section: str, timeout_s: float, fix: str) -> None:
+    """Python cannot stop a hung call's thread; past MAX_HUNG_PER_WORKER per worker they are a leak, not a slow
+    step, and the run stops naming `fix`."""
+    if len(hung) > MAX_HUNG_PER_WORKER * workers:
+        raise UserError(f"{len(hung)} {what} are still running after {section}.timeout_s = {timeout_s} s and cannot "
+                        f"be stopped; fix {fix} (or raise {section}.timeout_s if it is only slow)")
+
+
 class TrajectoryRunner:
     """`run(rows, sampling)`: `sampling.n` trajectories per row through `group` (a RolloutGroup: submit/collect;
     or one passed to `run`), returned in row order as Samples, like single-turn generation."""
@@ -179,21 +198,16 @@ class TrajectoryRunner:
         return [t.sample() for t in trajs]
 
     def _report(self, trajs: list[Trajectory], errors: list[str]) -> None:
-        """A warning with the first failure's traceback when some trajectories failed; UserError when all did."""
-        failed, name = sum(t.error for t in trajs), getattr(self.env_cls, "__name__", str(self.env_cls))
-        if failed == len(trajs) and trajs:
-            raise UserError(f"every trajectory ({failed}) failed in the environment {name} (env.name = "
-                            f"{self.cfg.name}); training on them would learn nothing. The first failure:\n{errors[0]}")
-        if failed:
-            print(f"warning: {failed} of {len(trajs)} trajectories failed in the environment {name} and score 0 "
-                  f"(rollout/env_errors); the first failure:\n{errors[0]}", file=sys.stderr)
+        name = getattr(self.env_cls, "__name__", str(self.env_cls))
+        report_failures(errors, len(trajs), ("trajectory", "trajectories"),
+                        f" in the environment {name}", f" (env.name = {self.cfg.name})")
 
     def _check_hung(self) -> None:
-        """Python cannot stop a hung environment call's thread; past a bound they are a leak, not a slow step."""
-        if len(self.hung) > MAX_HUNG_PER_WORKER * self.cfg.num_workers:
-            raise UserError(f"{len(self.hung)} calls of the environment {self.cfg.name} are still running after "
-                            f"env.timeout_s = {self.cfg.timeout_s} s and cannot be stopped; fix what hangs in its "
-                            "reset/step (or raise env.timeout_s if it is only slow)")
+        check_hung(self.hung, self.cfg.num_workers, f"calls of the environment {self.cfg.name}", "env",
+                   self.cfg.timeout_s, "what hangs in its reset/step")
+
+    def close(self) -> None:
+        """(Nothing outlives a run: its environment calls' threads end with it, or are counted as hung.)"""
 
     def _reset(self, t: Trajectory, row: dict) -> str:
         t.env = self.env_cls(**self.cfg.kwargs)

@@ -46,8 +46,8 @@ class PromptRenderer:
     def from_pretrained(cls, path: str, chat: bool = False, trust_remote_code: bool = False,
                         chat_template: Optional[str] = None) -> "PromptRenderer":
         """The tokenizer of the checkpoint at `path`, and its generation_config's eos ids when it has one;
-        `chat_template` (data.chat_template: a built-in name or a Jinja file, rollout.render.chat_templates) replaces the
-        tokenizer's own."""
+        `chat_template` (data.chat_template: a built-in name or a Jinja file, rollout.render.chat_templates) replaces
+        the tokenizer's own."""
         from transformers import AutoTokenizer, GenerationConfig
 
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -1,6 +1,6 @@
 """Asynchronous rollouts (`rollout.max_staleness: K` > 0): the engines generate ahead of the trainer while it
-trains. Each sample is one engine request for its whole life (rollout.engines.inflight): the engines keep it across weight
-syncs, on the engine its group was given (sticky), and this generator advances them `rollout.chunk_tokens` engine
+trains. Each sample is one engine request for its whole life (rollout.engines.inflight): the engines keep it across
+weight syncs, on the engine its group was given (sticky), and this generator advances them `rollout.chunk_tokens` engine
 steps a call, so a weight sync waits for one call, never for the longest generation, and no context is sent twice.
 
 Versions: the engines hold version v after v updates. Step s trains with version s-1 and may take a sample whose
@@ -33,20 +33,19 @@ from rollout.engine import Request, Sample, SamplingConfig
 from rollout.engines.sleep import EngineMemory
 from rollout.sources.queue import DriverStats, Seq, StepRollout, staleness_metrics
 
-Encode = Callable[[list[int]], tuple[list[list[int]], tuple[int, ...]]]  # row ids -> (prompt ids, stop ids)
-Turns = Callable[[list[int], object], list[Sample]]  # (row ids, engines) -> their trajectories, n a row
 
 
 class AsyncRollout:
     """`engines`: a rollout.group.RolloutGroup; `prompts`: the run's rlhf.stages.data.BatchIterator (this object draws
-    from it); `encode(row_ids)`: their prompt ids and stop ids; `sampling`: n, budget, temperature, top_p and the
-    base seed (None: the engines' own RNG); steps up to `last_step` are generated. Multi-turn (env.name):
-    `turns(row_ids, engines)` runs the rows' trajectories (rollout.multiturn.trajectory), one step's at a time, through
-    `engines` as `TurnGate` hands them over: a sync lands between turns."""
+    from it); `episodes`: what a sample is (rollout/episodes.py); `sampling`: n, budget, temperature, top_p and the
+    base seed (None: the engines' own RNG); steps up to `last_step` are generated. A completion's tokens are generated
+    here, a chunk a call (`episodes.encode` gives its prompt); whole episodes (multi-turn, agents) are played one
+    step's at a time by `episodes.run` through the engines as `TurnGate` hands them over: a sync lands between
+    turns."""
 
-    def __init__(self, engines, prompts, encode: Encode, sampling: SamplingConfig, max_staleness: int,
-                 chunk_tokens: int, last_step: int, turns: Optional[Turns] = None):
-        self.engines, self.prompts, self.encode, self.sampling, self.turns = engines, prompts, encode, sampling, turns
+    def __init__(self, engines, prompts, episodes, sampling: SamplingConfig, *, max_staleness: int,
+                 chunk_tokens: int, last_step: int):
+        self.engines, self.prompts, self.episodes, self.sampling = engines, prompts, episodes, sampling
         self.max_staleness, self.chunk_tokens, self.last_step = max_staleness, chunk_tokens, last_step
         self.version, self.next_step, self.keys = 0, 1, 0  # keys: samples drawn so far (each one's request key)
         self.calls = 0  # engine calls made
@@ -69,7 +68,7 @@ class AsyncRollout:
         ahead = self.take(step) if attempt == 0 else self.refill(step)
         samples = ahead.samples(self.sampling.n)
         with self.cond:
-            driver = self.stats.read() if attempt == 0 and self.turns is None else {}
+            driver = self.stats.read() if attempt == 0 and not self.episodes.whole else {}
         return ahead.row_ids, samples, {**staleness_metrics(samples, trainer_version=step - 1), **driver}
 
     def trained(self, samples: list[Sample], step: int) -> dict[str, float]:
@@ -195,7 +194,7 @@ class AsyncRollout:
     # ---- the generator thread ----
     def _run(self) -> None:
         try:
-            (self._run_turns if self.turns is not None else self._run_inflight)()
+            (self._run_turns if self.episodes.whole else self._run_inflight)()
         except Closed:
             return
         except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, which raises it
@@ -250,7 +249,7 @@ class AsyncRollout:
                 rollout = self._next_turns()
                 if rollout is None:
                     return
-            samples = self.turns(rollout.row_ids, gate)
+            samples = self.episodes.run([self.prompts.rows[i] for i in rollout.row_ids], self.sampling, gate)
             with self.cond:
                 rollout.whole = samples
                 self.cond.notify_all()
@@ -292,9 +291,9 @@ class AsyncRollout:
         """The next prompts, as a round of step `step`, n sequences each. Holds the lock."""
         before = self.prompts.state()
         row_ids = self.prompts.next_ids()
-        if self.turns is not None:  # the environments write the first messages
+        if self.episodes.whole:  # played turn by turn (the environments write the first messages)
             return StepRollout(step, row_ids, [], (), before, multi_turn=True)
-        prompt_ids, stops = self.encode(row_ids)
+        prompt_ids, stops = self.episodes.encode([self.prompts.rows[i] for i in row_ids])
         n, engines = self.sampling.n, len(self.engines.engines)
         # a group's samples share one prompt list: pickled once in a call that starts them
         shared = [list(p) for p in prompt_ids]

@@ -38,7 +38,8 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
         tok, prompts, batches = prompts_and_batches(tiny_model_dir, steps=1)
         tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
         trainer = make_actor(PolicyTrainer, "policy trainer 0", {"resources": {"a": 0.5}}, tiny_model_dir, tr)
-        group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), [{"resources": {"b": 0.5}}], engine_cls=VLLMEngine)
+        group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), [{"resources": {"b": 0.5}}],
+                                    engine_cls=VLLMEngine)
         node = lambda _self: ray.get_runtime_context().get_node_id()  # noqa: E731
         engine_nodes = ray_get([e.__ray_call__.remote(node) for e in group.engines], 60, group.roles)
         assert ray_get([trainer.__ray_call__.remote(node)], 60, ["trainer"]) != engine_nodes

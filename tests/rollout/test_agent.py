@@ -107,7 +107,8 @@ def engines(ray_local, tmp_path_factory):
     from rollout.render import PromptRenderer
 
     folder = teach_tool_call(str(tmp_path_factory.mktemp("agent") / "model"))
-    group = RolloutGroup.create(1, dict(model_path=folder, dtype="float32", max_model_len=1024, kv_cache_mb=32), engine_cls=VLLMEngine)
+    group = RolloutGroup.create(1, dict(model_path=folder, dtype="float32", max_model_len=1024, kv_cache_mb=32),
+                                engine_cls=VLLMEngine)
     yield folder, group, PromptRenderer.from_pretrained(folder)
     group.shutdown()
 

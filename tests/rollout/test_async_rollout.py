@@ -1,7 +1,7 @@
 """Generating ahead (rollout.sources.ahead) with the real vLLM engine in a Ray actor: a sync lands while samples are
 kept in the engine mid-generation, and they continue under the new weights (on their KV so far, or recomputed), each
-token keeping the log-prob and version of the weights that sampled it; the pacing never lets a sample fall more than max_staleness updates behind; the state a checkpoint
-records continues the same generations."""
+token keeping the log-prob and version of the weights that sampled it; the pacing never lets a sample fall more
+than max_staleness updates behind; the state a checkpoint records continues the same generations."""
 import json
 import time
 
@@ -17,6 +17,14 @@ from rollout.sources.ahead import AsyncRollout, staleness_metrics
 
 ENGINE = dict(dtype="float32", max_model_len=128, kv_cache_mb=16)
 SAMPLING = SamplingConfig(max_new_tokens=24, temperature=1.0, n=2, seed=3)
+
+
+class IdRows:
+    """Completions of rows that hold their prompt's token ids already (rollout.episodes.Completions renders text)."""
+    whole = False
+
+    def encode(self, rows):
+        return [r["ids"] for r in rows], ()
 
 
 def _teacher_forced(model, sample) -> np.ndarray:
@@ -56,7 +64,8 @@ def engines(ray_local, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def recomputing(ray_local, tiny_model_dir):
-    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, inflight_kv="recompute", **ENGINE), timeout_s=300, engine_cls=VLLMEngine)
+    group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, inflight_kv="recompute", **ENGINE), timeout_s=300,
+                                engine_cls=VLLMEngine)
     yield group
     group.shutdown()
 
@@ -79,7 +88,7 @@ def test_a_sync_lands_mid_generation_and_the_kept_samples_go_on_under_the_new_we
     group = engines if inflight_kv == "keep" else recomputing
     old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"ids": [1 + i, 7, 9 + i]} for i in range(8)]
-    pipeline = AsyncRollout(group, BatchIterator(rows, 4, seed=0), lambda ids: ([rows[i]["ids"] for i in ids], ()),
+    pipeline = AsyncRollout(group, BatchIterator(rows, 4, seed=0), IdRows(),
                             SAMPLING, max_staleness=1, chunk_tokens=2, last_step=3)
     pipeline.start()
     _wait_for(lambda: pipeline.calls >= 1)  # a first call made: the sync lands while step 1 generates
@@ -121,8 +130,8 @@ def test_a_sync_lands_mid_generation_and_the_kept_samples_go_on_under_the_new_we
 
 def test_a_restored_snapshot_continues_the_same_generations(engines):
     rows = [{"ids": [3 + i, 5]} for i in range(8)]
-    encode = lambda ids: ([rows[i]["ids"] for i in ids], ())  # noqa: E731
-    first = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), encode, SAMPLING, max_staleness=2, chunk_tokens=3,
+    encode = IdRows()  # noqa: E731
+    first = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), IdRows(), SAMPLING, max_staleness=2, chunk_tokens=3,
                          last_step=4)
     assert first.take(1).done
     first.synced(lambda: None, version=1)  # step 1 trained: the checkpoint of version 1 holds steps 2 and 3
@@ -134,7 +143,7 @@ def test_a_restored_snapshot_continues_the_same_generations(engines):
     # A synchronous loop resumed from it redraws the queued steps' prompts: its position is before them.
     assert state["prompts"] == queued[2]["prompts_before"]
 
-    resumed = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), encode, SAMPLING, max_staleness=2,
+    resumed = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), IdRows(), SAMPLING, max_staleness=2,
                            chunk_tokens=3, last_step=4)
     resumed.load_state(state["async"], step=1)
     got = resumed.take(2)
@@ -148,8 +157,8 @@ def test_a_restored_snapshot_continues_the_same_generations(engines):
 
 def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engines):
     rows = [{"ids": [2 + i, 6]} for i in range(12)]
-    encode = lambda ids: ([rows[i]["ids"] for i in ids], ())  # noqa: E731
-    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=2), encode, SAMPLING, max_staleness=1,
+    encode = IdRows()  # noqa: E731
+    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=2), IdRows(), SAMPLING, max_staleness=1,
                             chunk_tokens=4, last_step=2)
     first = pipeline.take(1)  # step 2's prompts were drawn too (K = 1), and are being generated
     pipeline.synced(lambda: None, version=1)
@@ -163,19 +172,19 @@ def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engin
 
 def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engines, tiny_model_dir):
     from common.schema import EnvConfig
-    from rollout.multiturn.trajectory import TrajectoryRunner
+    from rollout.episodes import Trajectories
     from rollout.render import PromptRenderer
     from tests.envs.toy import Echo
 
     old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"word": w} for w in ("red", "green", "blue", "black")]
-    runner = TrajectoryRunner(engines, PromptRenderer.from_pretrained(tiny_model_dir), Echo, EnvConfig(max_turns=3),
-                              max_model_len=128)
+    episodes = Trajectories(Echo, EnvConfig(max_turns=3), max_model_len=128)
+    episodes.start(engines, PromptRenderer.from_pretrained(tiny_model_dir))
     sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, n=2)
 
     def start(state=None, step=1):
-        p = AsyncRollout(engines, BatchIterator(rows, 2, seed=0), None, sampling, max_staleness=1, chunk_tokens=4,
-                         last_step=2, turns=lambda ids, gate: runner.run([rows[i] for i in ids], sampling, gate))
+        p = AsyncRollout(engines, BatchIterator(rows, 2, seed=0), episodes, sampling, max_staleness=1, chunk_tokens=4,
+                         last_step=2)
         if state is not None:
             p.load_state(state, step=step)
         return p
@@ -235,7 +244,7 @@ def test_a_restarted_engine_is_brought_up_to_date_by_the_controllers_thread(engi
     import threading
 
     rows = [{"ids": [4 + i, 2]} for i in range(8)]
-    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=3), lambda ids: ([rows[i]["ids"] for i in ids], ()),
+    pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=3), IdRows(),
                             SAMPLING, max_staleness=1, chunk_tokens=4, last_step=2)
     calls = []
     met = threading.Thread(target=pipeline.on_restart, name="generator",

@@ -55,8 +55,8 @@ def test_hf_engine_samples_and_logprobs(tiny_model_dir):
 
 
 def test_hf_engine_keeps_requests_across_calls_and_ends_them_at_max_model_len(tiny_model_dir):
-    """rollout.engines.inflight on the transformers engine: kept requests advance a few tokens a call, their contexts held
-    inside the engine; each ends by its budget, a stop token, or the context's limit ("length")."""
+    """rollout.engines.inflight on the transformers engine: kept requests advance a few tokens a call, their contexts
+    held inside the engine; each ends by its budget, a stop token, or the context's limit ("length")."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollout.engine import Request

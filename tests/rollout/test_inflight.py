@@ -18,7 +18,8 @@ SAMPLING = SamplingConfig(temperature=1.0, seed=5)
 
 @pytest.fixture(scope="module")
 def group(ray_local, tiny_model_dir):
-    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), timeout_s=300, engine_cls=VLLMEngine)
+    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, max_lora_rank=4, **ENGINE), timeout_s=300,
+                            engine_cls=VLLMEngine)
     yield g
     g.shutdown()
 

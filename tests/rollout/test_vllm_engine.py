@@ -99,7 +99,8 @@ def test_two_engines_over_broadcast_then_ipc(ray_local, tiny_model_dir):
     tr = TrainerConfig(lr=5e-3, batch_size=16, micro_batch_size=8, warmup_steps=0, zero_stage=3)
     trainers = ActorGroup(PolicyTrainer, "policy trainer", 2, placement.options["policy"],
                           model_path=tiny_model_dir, tr=tr)
-    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"], engine_cls=VLLMEngine)
+    group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), placement.options["rollout"],
+                                engine_cls=VLLMEngine)
     try:
         assert_two_engines_generate(trainers, group, tok, prompts)
         # zero.Init ran in these ranks; an engine in such a process (hybrid) must still find torch's own linear
