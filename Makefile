@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run sort smollm2 real qwen gemma test bench clean
+.PHONY: setup run sort smollm2 real qwen gemma test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -53,9 +53,15 @@ sort: setup
 # Two tests at a time (pytest-xdist, one file per worker): most end-to-end runs keep only one core busy, the
 # trainer and the engine taking turns. Files go out longest first (tests/conftest.py: LONGEST_FIRST), not by their
 # number of tests (xdist's default). TEST_WORKERS=0 runs them one by one.
+# --durations lists the slowest tests, against which LONGEST_FIRST is kept.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests
+
+# The fast lane, for the edit-test loop: no whole runs (e2e), no Ray actors, nothing marked slow; in-process DeepSpeed
+# and engine tests are in it. Budget: 3 minutes on two cores (docs/testing.md).
+test-fast: setup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not e2e and not ray and not slow" tests
 
 clean:
 	rm -rf runs .cache

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from algorithms.common import masked_whiten
+from algorithms.masked import masked_whiten
 
 
 def last_token_mask(mask: torch.Tensor) -> torch.Tensor:

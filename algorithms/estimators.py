@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 
 from algorithms import advantages as adv
-from algorithms.common import masked_whiten
+from algorithms.masked import masked_whiten
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from algorithms.common import aggregate_loss, masked_mean
 from algorithms.kl import kl_estimate
+from algorithms.masked import aggregate_loss, masked_mean
 from algorithms.ppo import policy_loss
 
 
@@ -22,7 +22,7 @@ def rl_objective(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages:
     loss = policy_loss(logprobs, old_logprobs, advantages; `surrogate`: clip_low, clip_high, dual_clip, tis_cap,
     tis_mask, tis_level, surrogate) + kl_coef * agg(KL(pi || ref)) where `ref_logprobs` are given (the KL as a loss
     term, GRPO's form; as a reward penalty it is in the advantages instead and no ref_logprobs come here).
-    `agg`, `normalizer`, `max_len`: algorithms/common.py's aggregate_loss, the same for both terms.
+    `agg`, `normalizer`, `max_len`: algorithms/masked.py's aggregate_loss, the same for both terms.
 
     Metrics beside policy_loss's: policy/kl (pi to ref), policy/entropy, and the rollout's own checks from the old
     log-probs: rollout/logprob_diff (mean |old - engine|, the engine/trainer agreement) and rollout/kl (old to ref).

@@ -8,7 +8,7 @@ advantages, mask, clip range) to a per-token loss (B, T) before aggregation, and
     cispo       CISPO (MiniMax-M1, 2025): the clipped ratio as a stop-gradient weight on log pi; every token keeps
                 its gradient, where PPO's clip zeroes the clipped ones
 
-Inputs are (B, T); `mask` bool (B, T). The aggregation (algorithms.common.aggregate_loss) is the caller's: GSPO's paper
+Inputs are (B, T); `mask` bool (B, T). The aggregation (algorithms.masked.aggregate_loss) is the caller's: GSPO's paper
 averages per sequence (`seq-mean-token-mean`), CISPO's over all tokens (`token-mean`).
 """
 from __future__ import annotations

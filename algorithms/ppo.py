@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from algorithms.common import aggregate_loss, masked_mean
+from algorithms.masked import aggregate_loss, masked_mean
 from algorithms.policy_losses import LOG_RATIO_CLAMP, POLICY_LOSSES
 
 

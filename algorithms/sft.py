@@ -5,8 +5,8 @@ from typing import Optional
 
 import torch
 
-from algorithms.common import aggregate_loss
 from algorithms.logprobs import token_logprobs
+from algorithms.masked import aggregate_loss
 
 
 def sft_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,

@@ -22,7 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.foreign import build_foreign_model, train_elsewhere  # noqa: E402
+from tests.fixtures.foreign import build_foreign_model, train_elsewhere  # noqa: E402
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
 #   bash ../shared/device/make-wheels.sh                                          # here, once: wheels into .whl/
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"], timeout_s=540)
 # Each part writes its rows to $OUT as it finishes them (gpu_check.json, the logs), so a part cut by its time limit
-# still leaves what it measured. tests/test_device_script.py rehearses this script's import path on CPU (packages
+# still leaves what it measured. tests/benchmarks/test_device_script.py rehearses this script's import path on CPU (packages
 # on PYTHONPATH, an interpreter without the project's venv). vLLM is not on the device: what needs it runs on CPU.
 set -euo pipefail
 if ! ls .whl/*.whl >/dev/null 2>&1; then

@@ -40,6 +40,7 @@ def bench_size(size: str, repeats: int, n_engines: int) -> list[list]:
     from actors.policy import PolicyTrainer
     from common.remote import make_actor, ray_get
     from rlhf.config import TrainerConfig
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     from rollout.sync import setup_sync, sync_weights
     from rollout.sync.buckets import plan_buckets

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from rlhf.config import load_config
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "examples", "**", "*.yaml"), recursive=True))
 

@@ -95,3 +95,30 @@ def test_the_config_is_plain_data():
         if bad:
             found[str(path.relative_to(ROOT))] = bad
     assert found == {}
+
+
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60  # the team's rule, kept here where every change is measured against it
+
+
+def test_no_library_file_or_function_outgrows_the_house_sizes(capsys):
+    """Files of at most 400 lines, functions of at most 60; the per-folder totals are printed (`pytest -s`) so a
+    change's growth is a number every reviewer sees."""
+    big, totals = [], {}
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            text = path.read_text()
+            lines, rel = text.count("\n"), path.relative_to(ROOT)
+            folder = str(rel.parent)
+            files, total = totals.get(folder, (0, 0))
+            totals[folder] = (files + 1, total + lines)
+            if lines > MAX_FILE_LINES:
+                big.append(f"{rel}: {lines} lines")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        big.append(f"{rel}:{node.lineno} {node.name}(): {length} lines")
+    with capsys.disabled():
+        print("\n" + "\n".join(f"{folder:<24} {n:>3} files {lines:>6} lines" for folder, (n, lines) in
+                               sorted(totals.items())))
+    assert big == [], f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a function: split them"

@@ -1,6 +1,6 @@
 """The configuration's reference, read from the schema itself: every key of `RunConfig` with its type, default,
 allowed values and help. The help is the comment the key carries in its dataclass (the line above it and the
-end of its own line), so the text a reader of `common/schema.py` or `common/schema.py` sees is the text
+end of its own line), so the text a reader of `common/schema.py` sees is the text
 `python -m rlhf.run --help-config` prints and `docs/config-reference.md` holds (a test keeps that page current).
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def help_text(section: str = "") -> str:
 def markdown() -> str:
     """docs/config-reference.md: one table a top-level section."""
     out = ["# Configuration reference", "",
-           "Generated from the schema (`common/schema.py`, `common/schema.py`) by `python -m rlhf.config.doc`; "
+           "Generated from the schema (`common/schema.py`) by `python -m rlhf.config.doc`; "
            "`python -m rlhf.run --help-config [section]` prints the same. How recipes and overrides work: "
            "[configuration](configuration.md).", ""]
     section = None

@@ -14,9 +14,9 @@ from typing import Callable, Optional
 import torch
 
 from algorithms.advantages import informative_groups
-from algorithms.common import masked_mean
 from algorithms.estimators import EstimatorInputs, estimator
 from algorithms.kl import kl_estimate
+from algorithms.masked import masked_mean
 from algorithms.reward import overlong_penalty
 from common.batch import RolloutBatch, samples_to_batch
 from common.errors import TrainingStopped

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from algorithms.advantages import choose_groups, informative_groups
-from algorithms.common import masked_mean
+from algorithms.masked import masked_mean
 from common.batch import RolloutBatch
 from rollout.sources.queue import prefill_per_token
 

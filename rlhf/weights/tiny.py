@@ -84,7 +84,7 @@ def ensure_model(path: str | None, tiny: TinyModelConfig, output_dir: str, seed:
     if path is not None:
         if not os.path.isfile(os.path.join(path, "config.json")):
             from common.errors import UserError
-            from rlhf.models import MODELS
+            from rlhf.weights.catalog import MODELS
             real = [k for k, m in MODELS.items() if m.folder == os.path.basename(os.path.normpath(path))]
             if real:
                 raise UserError(f"model.path = {path!r}: the real model is not converted yet; run `python -m "

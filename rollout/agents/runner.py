@@ -23,7 +23,6 @@ import asyncio
 import inspect
 import math
 import secrets
-import sys
 import threading
 import time
 import traceback

@@ -18,12 +18,14 @@ class GenerateNow:
         self.stats = DriverStats(len(engines.engines))
 
     def generate(self, step: int, attempt: int) -> tuple[list[int], list[Sample], dict[str, float]]:
-        """(with the round's rollout/driver_tokens and rollout/prefill_per_token: the tokens the driver sent and
-        received, and the engines' prefill per token)"""
+        """(with, for completions, the round's rollout/driver_tokens and rollout/prefill_per_token: the tokens the
+        driver sent and received, and the engines' prefill per token)"""
         row_ids = self.prompts.next_ids()
+        rows, sampling = [self.prompts.rows[i] for i in row_ids], self.sampling(step, attempt)
+        if self.episodes.whole:  # (turn by turn: the driver's account is the runner's, rollout/turns and the rest)
+            return row_ids, self.episodes.run(rows, sampling, self.engines), {}
         self.stats.rebase(self.engines.counters())
-        samples = self.episodes.run([self.prompts.rows[i] for i in row_ids], self.sampling(step, attempt),
-                                    self.engines)
+        samples = self.episodes.run(rows, sampling, self.engines)
         prompts = {s.prompt_index: len(s.prompt_ids) for s in samples}  # (a group's samples share its prompt)
         self.stats.moved(sum(prompts.values()) + sum(len(s.completion_ids) for s in samples))
         self.stats.counted(self.engines.counters())

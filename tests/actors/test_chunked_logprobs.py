@@ -11,7 +11,7 @@ from actors.policy import PolicyTrainer
 from actors.reference import ReferenceModel
 from algorithms.logprobs import head_logprobs, logprobs_and_entropy
 from rlhf.config import AlgorithmConfig, LoraConfig, TrainerConfig
-from tests.test_prefix_sharing import grouped_batch
+from tests.actors.batching.test_prefix_sharing import grouped_batch
 
 TR = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=8, warmup_steps=0)
 

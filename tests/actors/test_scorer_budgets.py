@@ -8,7 +8,7 @@ from actors.critic import Critic
 from actors.reference import ReferenceModel
 from actors.reward_model import RewardModel
 from rlhf.config import TrainerConfig, load_config
-from tests.test_prefix_sharing import grouped_batch
+from tests.actors.batching.test_prefix_sharing import grouped_batch
 
 
 def forward_sizes(model: torch.nn.Module) -> list[tuple[int, int]]:

@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-from algorithms.common import aggregate_loss, masked_mean, masked_var, masked_whiten
 from algorithms.kl import kl_estimate
 from algorithms.logprobs import entropy_from_logits, logprobs_and_entropy, token_logprobs
-from tests.conftest import ROOT
+from algorithms.masked import aggregate_loss, masked_mean, masked_var, masked_whiten
+from tests.helpers import ROOT
 
 
 def test_importable_without_ray_vllm_deepspeed():
@@ -19,7 +19,7 @@ def test_importable_without_ray_vllm_deepspeed():
             "        if name.split('.')[0] in ('ray', 'vllm', 'deepspeed'):\n"
             "            raise ImportError('blocked: ' + name)\n"
             "sys.meta_path.insert(0, Block())\n"
-            "import algorithms.logprobs, algorithms.common, algorithms.kl, algorithms.advantages\n"
+            "import algorithms.logprobs, algorithms.masked, algorithms.kl, algorithms.advantages\n"
             "import algorithms.ppo, algorithms.dpo, algorithms.reward, algorithms.sft, algorithms.estimators\n"
             "print('ok')\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

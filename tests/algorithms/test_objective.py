@@ -3,9 +3,9 @@ pieces they are made of, by hand."""
 import pytest
 import torch
 
-from algorithms.common import aggregate_loss, masked_mean
 from algorithms.dpo import dpo_loss, dpo_objective
 from algorithms.kl import kl_estimate
+from algorithms.masked import aggregate_loss, masked_mean
 from algorithms.objective import rl_objective
 from algorithms.ppo import policy_loss
 

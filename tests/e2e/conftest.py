@@ -1,6 +1,6 @@
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Agent RL through `python -m rlhf.run`: an agent written with the official openai client (tests/agents/toy.py)
+"""Agent RL through `python -m rlhf.run`: an agent written with the official openai client (tests/fixtures/agents.py)
 plays the sort task over two calls against the rollout's endpoint, generated ahead of the trainer
 (rollout.max_staleness=1); each episode trains as one stitched sample whose engine log-probs agree with the
 trainer's (where nothing was generated ahead), the evaluation scores the agent's reward, and rollouts.jsonl shows
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_
     out = tmp_path / "run"
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}",
                   "data.task=null", f"data.train_path={data}", f"data.eval_path={data}", "reward.fn=null",
-                  "agent.fn=tests.agents.toy:sort_twice", "agent.max_calls=2", "trainer.max_steps=3",
+                  "agent.fn=tests.fixtures.agents:sort_twice", "agent.max_calls=2", "trainer.max_steps=3",
                   "eval.every=0", "rollout.prompts_per_step=16", "trainer.batch_size=128", "rollout.max_staleness=1",
                   "rollout.max_model_len=128", "logging.rollouts_every=1", "logging.rollouts_per_step=2",
                   timeout=900)
@@ -58,7 +58,7 @@ def test_a_lora_agent_run_resumes_in_its_own_folder(sft_model, tmp_path):
     out = tmp_path / "run"
     args = ["--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}", "data.task=null",
             f"data.train_path={data}", f"data.eval_path={data}", "reward.fn=null", "model.lora.rank=8",
-            "trainer.lr=1e-3", "agent.fn=tests.agents.toy:sort_afresh", "agent.max_calls=2", "eval.every=-1",
+            "trainer.lr=1e-3", "agent.fn=tests.fixtures.agents:sort_afresh", "agent.max_calls=2", "eval.every=-1",
             "rollout.prompts_per_step=8", "trainer.batch_size=64", "rollout.max_model_len=128",
             "checkpoint.every=1"]
     first = run_cli(*args, "trainer.max_steps=2", timeout=900)

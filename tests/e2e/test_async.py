@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import ROOT, child_commands, logged_rows, run_cli
+from tests.helpers import ROOT, child_commands, logged_rows, run_cli
 
 PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
 
@@ -119,7 +119,7 @@ def test_multi_turn_trajectories_generated_ahead_resume_after_kill_9_with_each_p
     data.write_text("".join(json.dumps({"question": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows))
     out = tmp_path / "run"
     args = _args(sft_model, out, "rollout.max_staleness=1", "data.task=null", f"data.train_path={data}",
-                 f"data.eval_path={data}", "env.name=tests.envs.toy:SortTwice", "env.max_turns=3",
+                 f"data.eval_path={data}", "env.name=tests.fixtures.envs:SortTwice", "env.max_turns=3",
                  "rollout.max_model_len=128", f"trainer.max_steps={steps}", "eval.every=-1")
     # step 2 logged (so step 1's checkpoint is complete), trajectories in flight
     _run_until_killed(args, out, ("VLLMEngine.generate",), min_rows=3)

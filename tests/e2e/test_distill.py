@@ -4,7 +4,7 @@ advantage is the negative reverse-KL estimate: the student's samples move toward
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.mark.slow

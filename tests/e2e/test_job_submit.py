@@ -48,7 +48,7 @@ def test_ray_job_submit_against_a_local_head(sft_model, tmp_path):
     import sys
     import time
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     import shutil
     import tempfile

@@ -7,7 +7,7 @@ import pytest
 
 from common.fast_dtype import cpu_key
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 # what the issue measured on an AVX2-only EPYC (2 threads, 1024^2), and an AMX Xeon's rates
 SLOW_BF16 = {"bf16_gflops": 0.7, "fp32_gflops": 65.0, "isa": "AVX2", "threads": 1}

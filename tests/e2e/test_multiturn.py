@@ -1,4 +1,4 @@
-"""Multi-turn GRPO through `python -m rlhf.run` on an environment written outside the package (tests/envs/toy.py):
+"""Multi-turn GRPO through `python -m rlhf.run` on an environment written outside the package (tests/fixtures/envs.py):
 every trajectory has its two turns, the engine's log-probs agree with the trainer's over whole trajectories at every
 step, and rollouts.jsonl shows the whole conversation."""
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.mark.slow
@@ -21,7 +21,7 @@ def test_grpo_trains_on_an_environment_from_outside_the_package(sft_model, tmp_p
     out = tmp_path / "run"
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={sft_model}", f"output_dir={out}",
                   "data.task=null", f"data.train_path={data}", f"data.eval_path={data}",
-                  "env.name=tests.envs.toy:SortTwice", "env.max_turns=3", "trainer.max_steps=3", "eval.every=0",
+                  "env.name=tests.fixtures.envs:SortTwice", "env.max_turns=3", "trainer.max_steps=3", "eval.every=0",
                   "rollout.prompts_per_step=16", "trainer.batch_size=128",
                   "rollout.max_model_len=128", "logging.rollouts_every=1", "logging.rollouts_per_step=2",
                   # the engine in the trainer's process: trajectories' turns reach it one call at a time

@@ -5,7 +5,7 @@ every step."""
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 RL_METRICS = {"rollout/reward_mean", "rollout/logprob_diff", "policy/loss", "policy/clip_frac", "train/grad_norm",
               "time/rollout", "time/reward", "time/ref", "time/train", "time/sync", "time/step"}

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from rlhf import smollm2
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import ROOT, run_cli
+from tests.helpers import ROOT, run_cli
 
 
 @pytest.fixture(scope="module")

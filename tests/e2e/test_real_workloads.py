@@ -9,8 +9,8 @@ import pytest
 from rlhf.config import DataConfig
 from rlhf.outputs.metrics import read_metrics
 from rlhf.stages.tasks import make_rows
-from tests.conftest import run_cli
-from tests.foreign import build_foreign_model, train_elsewhere
+from tests.fixtures.foreign import build_foreign_model, train_elsewhere
+from tests.helpers import run_cli
 
 
 def read_rollouts(run_dir) -> list[dict]:

@@ -12,7 +12,7 @@ import pytest
 
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import ROOT, run_cli
+from tests.helpers import ROOT, run_cli
 
 STEPS = 6
 

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 
 @pytest.fixture(scope="module")

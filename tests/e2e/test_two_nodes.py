@@ -4,7 +4,7 @@ error), a trained update must reach the remote engine (log-probs agree < 1e-3), 
 of the processes the test started."""
 import pytest
 
-from tests.conftest import ROOT, child_commands
+from tests.helpers import ROOT, child_commands
 
 
 def ray_processes() -> set[int]:
@@ -28,7 +28,7 @@ def test_trainer_and_engine_on_two_nodes(tiny_model_dir):
     from rollout.sync.buckets import plan_buckets
     from tests.rollout.test_vllm_engine import ENGINE, SAMPLING, prompts_and_batches, remote_diff
 
-    ray.shutdown()  # the session's instance (tests.conftest.session_ray): this test needs its own cluster
+    ray.shutdown()  # the session's instance (tests.helpers.session_ray): this test needs its own cluster
     before = ray_processes()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "resources": {"a": 1}})
     cluster.add_node(num_cpus=2, num_gpus=1, resources={"b": 1})

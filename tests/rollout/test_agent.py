@@ -13,8 +13,8 @@ from common.schema import AgentConfig
 from rollout.agents.render import chat_ids, continuation_ids, for_template, render, same_message
 from rollout.agents.runner import load_agent, reward_of
 from rollout.engine import SamplingConfig
-from tests.agents import toy
-from tests.agents.model import CONVERSATION, teach_tool_call
+from tests.fixtures import agents as toy
+from tests.fixtures.agent_model import CONVERSATION, teach_tool_call
 
 GREEDY = SamplingConfig(max_new_tokens=96, temperature=0.0, n=2)
 
@@ -26,9 +26,9 @@ def tok(tiny_model_dir):
 
 
 def test_load_agent_names_what_is_wrong():
-    assert load_agent("tests.agents.toy:calculator") is toy.calculator
-    for name, why in (("tests.agents.toy", "package.module:function"), ("nowhere.at_all:f", "cannot import"),
-                      ("tests.agents.toy:nope", "has no 'nope'"), ("tests.agents.toy:TOOLS", "must be a function")):
+    assert load_agent("tests.fixtures.agents:calculator") is toy.calculator
+    for name, why in (("tests.fixtures.agents", "package.module:function"), ("nowhere.at_all:f", "cannot import"),
+                      ("tests.fixtures.agents:nope", "has no 'nope'"), ("tests.fixtures.agents:TOOLS", "must be a function")):
         with pytest.raises(UserError, match=why):
             load_agent(name)
     assert reward_of(1) == 1.0 and reward_of(0.25) == 0.25
@@ -89,12 +89,12 @@ def test_agent_config_is_checked_before_the_run():
     from rlhf.config import load_config
     from rlhf.rl.preflight import preflight
     with pytest.raises(UserError) as e:
-        load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.max_calls=0",
-                           "env.name=tests.envs.toy:Echo"])
+        load_config(None, ["stage=rl", "agent.fn=tests.fixtures.agents:nope", "agent.max_calls=0",
+                           "env.name=tests.fixtures.envs:Echo"])
     for said in ("agent.fn", "agent.max_calls", "set one"):
         assert said in str(e.value)
     with pytest.raises(UserError) as e:
-        preflight(load_config(None, ["stage=rl", "agent.fn=tests.agents.toy:nope", "agent.tool_parser=nobody"]))
+        preflight(load_config(None, ["stage=rl", "agent.fn=tests.fixtures.agents:nope", "agent.tool_parser=nobody"]))
     for said in ("agent.fn", "has no 'nope'", "agent.tool_parser", "hermes"):
         assert said in str(e.value)
 
@@ -128,7 +128,7 @@ def test_a_tool_call_is_parsed_answered_and_trained_as_one_token_exact_sample(en
     from tests.rollout.agreement import logprob_diff
 
     folder, _, renderer = engines
-    runner = _runner(engines, "tests.agents.toy:calculator")
+    runner = _runner(engines, "tests.fixtures.agents:calculator")
     try:
         samples = runner.run([{"q": "what is 2 + 3?", "answer": 5}], GREEDY)
     finally:
@@ -150,7 +150,7 @@ def test_a_tool_call_is_parsed_answered_and_trained_as_one_token_exact_sample(en
 
 @pytest.mark.slow
 def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
-    runner = _runner(engines, "tests.agents.toy:two_turns")
+    runner = _runner(engines, "tests.fixtures.agents:two_turns")
     try:
         kept = runner.run([{"q": "hi", "good": True}], SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
         assert all(s.env.turns == 2 and s.env.breaks == 0 and s.env.reward == 1.0 for s in kept)
@@ -164,14 +164,14 @@ def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
             rollout = pool.submit(runner.run, [{"q": "hi"}] * 4, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
             assert len({tuple(s.completion_ids) for s in rollout.result()}) > 1  # sampled, not greedy
         assert [s.completion_ids for s in beside.result()] == [s.completion_ids for s in alone]
-        runner.fn = load_agent("tests.agents.toy:rewriter")  # drops the reply: the second call starts over
+        runner.fn = load_agent("tests.fixtures.agents:rewriter")  # drops the reply: the second call starts over
         for s in runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2)):
             assert s.env.breaks == 1 and s.env.turns == 2 and s.env.reward == 0.5
             (start,) = s.segments  # both contexts trained, the second a sequence of its own
             later = runner.renderer.render_text((s.prompt_ids + s.completion_ids)[start:])
             assert "fresh start<|im_end|>\n<|im_start|>assistant\n" in later
             assert sum(s.completion_mask[start - len(s.prompt_ids):]) >= 1  # the second call's sampled ids
-        runner.fn, runner.cfg.max_calls = load_agent("tests.agents.toy:prober"), 3
+        runner.fn, runner.cfg.max_calls = load_agent("tests.fixtures.agents:prober"), 3
         toy.SEEN.clear()
         assert runner.run([{"q": "hi"}], SamplingConfig(max_new_tokens=4, temperature=1.0, n=1))[0].env.reward == 1.0
         seen = {what: (status, code) for what, status, code in toy.SEEN if what != "more"}
@@ -188,7 +188,7 @@ def test_rewrites_breaks_bad_requests_and_failing_agents(engines, capsys):
 
 def _failing(runner, capsys):
     runner.cfg.max_calls, runner.cfg.timeout_s = 8, 2.0
-    runner.fn = load_agent("tests.agents.toy:flaky")
+    runner.fn = load_agent("tests.fixtures.agents:flaky")
     rows = [{"q": "a"}, {"q": "b", "explode": True}, {"q": "c", "hang": True}, {"q": "d", "text": True}]
     samples = runner.run(rows, SamplingConfig(max_new_tokens=3, temperature=1.0, n=1))
     assert [s.env.error for s in samples] == [False, True, True, True]
@@ -197,7 +197,7 @@ def _failing(runner, capsys):
     assert "warning: 3 of 4 agent episodes failed" in said and "the agent's own bug" in said
     with pytest.raises(UserError, match="every agent episode \\(2\\) failed"):
         runner.run(rows[1:2], SamplingConfig(max_new_tokens=3, temperature=1.0, n=2))
-    runner.fn = load_agent("tests.agents.toy:late")
+    runner.fn = load_agent("tests.fixtures.agents:late")
     toy.SEEN.clear()
     with pytest.raises(UserError, match="did not return within agent.timeout_s"):
         runner.run([{"sleep": 2.5}], SamplingConfig(max_new_tokens=3, temperature=1.0, n=1))
@@ -206,7 +206,7 @@ def _failing(runner, capsys):
             break
         time.sleep(0.1)
     assert toy.SEEN == [("late", 404, "episode_ended")]  # its call came after its episode ended
-    runner.fn = load_agent("tests.agents.toy:async_two_turns")
+    runner.fn = load_agent("tests.fixtures.agents:async_two_turns")
     assert [s.env.reward for s in runner.run([{"q": "x"}], SamplingConfig(max_new_tokens=3, n=2))] == [1.0, 1.0]
 
 

@@ -130,7 +130,6 @@ def test_a_sync_lands_mid_generation_and_the_kept_samples_go_on_under_the_new_we
 
 def test_a_restored_snapshot_continues_the_same_generations(engines):
     rows = [{"ids": [3 + i, 5]} for i in range(8)]
-    encode = IdRows()  # noqa: E731
     first = AsyncRollout(engines, BatchIterator(rows, 4, seed=1), IdRows(), SAMPLING, max_staleness=2, chunk_tokens=3,
                          last_step=4)
     assert first.take(1).done
@@ -157,7 +156,6 @@ def test_a_restored_snapshot_continues_the_same_generations(engines):
 
 def test_a_refill_round_is_drawn_now_and_generated_before_the_queued_steps(engines):
     rows = [{"ids": [2 + i, 6]} for i in range(12)]
-    encode = IdRows()  # noqa: E731
     pipeline = AsyncRollout(engines, BatchIterator(rows, 4, seed=2), IdRows(), SAMPLING, max_staleness=1,
                             chunk_tokens=4, last_step=2)
     first = pipeline.take(1)  # step 2's prompts were drawn too (K = 1), and are being generated
@@ -174,7 +172,7 @@ def test_multi_turn_trajectories_continue_across_a_sync_between_their_turns(engi
     from common.schema import EnvConfig
     from rollout.episodes import Trajectories
     from rollout.render import PromptRenderer
-    from tests.envs.toy import Echo
+    from tests.fixtures.envs import Echo
 
     old, new = _old_and_perturbed(tiny_model_dir)
     rows = [{"word": w} for w in ("red", "green", "blue", "black")]

@@ -6,7 +6,7 @@ import pytest
 
 from common.errors import UserError
 from rollout.render import PromptRenderer
-from tests.foreign import CHAT_TEMPLATE, build_foreign_model, foreign_tokenizer
+from tests.fixtures.foreign import CHAT_TEMPLATE, build_foreign_model, foreign_tokenizer
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "sort 3 1 ="}]
 

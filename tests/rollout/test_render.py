@@ -7,7 +7,7 @@ from common.errors import UserError
 from rlhf.stages.preference import tokenize_pairs
 from rlhf.stages.sft import tokenize_sft
 from rollout.render import PromptRenderer
-from tests.foreign import build_foreign_model
+from tests.fixtures.foreign import build_foreign_model
 
 USER = [{"role": "user", "content": "sort 3 1 ="}]
 

@@ -8,7 +8,7 @@ import pytest
 
 from rollout.engine import SamplingConfig
 from rollout.render import PromptRenderer
-from tests.foreign import build_foreign_model
+from tests.fixtures.foreign import build_foreign_model
 
 PROMPT = "sort 3 1 ="
 

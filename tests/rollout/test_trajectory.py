@@ -12,16 +12,16 @@ from rollout.engine import SamplingConfig
 from rollout.env import StepResult, call_tool, load_environment
 from rollout.multiturn.guess import GuessNumber, demonstration
 from rollout.render import PromptRenderer
-from tests.envs.toy import Echo
+from tests.fixtures.envs import Echo
 from tests.rollout.agreement import logprob_diff
 
 ENGINE = dict(dtype="float32", max_model_len=256, kv_cache_mb=16)
 
 
 def test_load_environment_names_what_is_wrong():
-    assert load_environment("tests.envs.toy:Echo") is Echo
-    for name, why in (("tests.envs.toy", "package.module:ClassName"), ("nowhere.at_all:X", "cannot import"),
-                      ("tests.envs.toy:Nope", "has no 'Nope'"), ("rollout.env:call_tool", "must be a class")):
+    assert load_environment("tests.fixtures.envs:Echo") is Echo
+    for name, why in (("tests.fixtures.envs", "package.module:ClassName"), ("nowhere.at_all:X", "cannot import"),
+                      ("tests.fixtures.envs:Nope", "has no 'Nope'"), ("rollout.env:call_tool", "must be a class")):
         with pytest.raises(UserError, match=why):
             load_environment(name)
 
@@ -49,6 +49,7 @@ def test_guess_number_answers_with_the_open_range():
 def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_envs(ray_local, tiny_model_dir, capsys):
     from transformers import AutoModelForCausalLM
 
+    from rollout.engines.vllm import VLLMEngine
     from rollout.group import RolloutGroup
     from rollout.multiturn.trajectory import TrajectoryRunner
 
@@ -56,7 +57,7 @@ def test_trajectories_are_token_exact_agree_with_the_trainer_and_survive_bad_env
     group = RolloutGroup.create(1, dict(model_path=tiny_model_dir, **ENGINE), engine_cls=VLLMEngine)
     rows = [{"word": "a"}, {"word": "b", "hang": True}, {"word": "c", "explode": True}, {"word": "d"},
             {"word": "e", "broken": True}]
-    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=2.0, num_workers=4)
+    cfg = EnvConfig(name="tests.fixtures.envs:Echo", max_turns=3, timeout_s=2.0, num_workers=4)
     runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
     try:
         samples = runner.run(rows, SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
@@ -117,20 +118,20 @@ def _check_turns(s, renderer, turns: int) -> None:
 def test_a_step_on_which_every_environment_failed_stops_the_run_with_the_first_traceback(tiny_model_dir):
     """No engine is reached: every reset raises, so the step has nothing to train and says why."""
     from rollout.multiturn.trajectory import TrajectoryRunner
-    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=5.0, num_workers=2)
+    cfg = EnvConfig(name="tests.fixtures.envs:Echo", max_turns=3, timeout_s=5.0, num_workers=2)
     runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
     with pytest.raises(UserError) as e:
         runner.run([{"word": "a", "broken": True}] * 3, SamplingConfig(max_new_tokens=4, n=2))
     text = str(e.value)
-    assert "every trajectory (6) failed in the environment Echo (env.name = tests.envs.toy:Echo)" in text
-    assert "ValueError: this row cannot start a game" in text and "toy.py" in text and "in reset" in text
+    assert "every trajectory (6) failed in the environment Echo (env.name = tests.fixtures.envs:Echo)" in text
+    assert "ValueError: this row cannot start a game" in text and "fixtures/envs.py" in text and "in reset" in text
 
 
 def test_environment_calls_that_hang_past_their_bound_stop_the_run(tiny_model_dir):
     from rollout.multiturn.trajectory import MAX_HUNG_PER_WORKER, TrajectoryRunner
-    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=0.2, num_workers=1)
+    cfg = EnvConfig(name="tests.fixtures.envs:Echo", max_turns=3, timeout_s=0.2, num_workers=1)
     runner = TrajectoryRunner(None, PromptRenderer.from_pretrained(tiny_model_dir), Echo, cfg, max_model_len=256)
-    with pytest.raises(UserError, match=rf"{MAX_HUNG_PER_WORKER + 1} calls of the environment tests.envs.toy:Echo "
+    with pytest.raises(UserError, match=rf"{MAX_HUNG_PER_WORKER + 1} calls of the environment tests.fixtures.envs:Echo "
                                         r"are still running after env.timeout_s = 0.2 s"):
         runner.run([{"word": "a", "stuck": True}] * 8, SamplingConfig(max_new_tokens=4, n=1))
 
@@ -164,7 +165,7 @@ def test_every_turn_of_a_trajectory_goes_to_the_engine_that_holds_its_conversati
     renderer = PromptRenderer.from_pretrained(tiny_model_dir)
     group = RolloutGroup.create(2, dict(model_path=tiny_model_dir, **ENGINE), engine_cls=RecordingVLLM)
     words = ["alpha", "bravo", "charlie", "delta"]
-    cfg = EnvConfig(name="tests.envs.toy:Echo", max_turns=3, timeout_s=30.0, num_workers=4)
+    cfg = EnvConfig(name="tests.fixtures.envs:Echo", max_turns=3, timeout_s=30.0, num_workers=4)
     try:
         runner = TrajectoryRunner(group, renderer, Echo, cfg, max_model_len=256)
         samples = runner.run([{"word": w} for w in words], SamplingConfig(max_new_tokens=4, temperature=1.0, n=2))

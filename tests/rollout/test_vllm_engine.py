@@ -12,7 +12,7 @@ from rlhf.config import DataConfig, TrainerConfig
 from rlhf.stages.sft import tokenize_sft
 from rlhf.stages.tasks import make_rows
 from rollout.engine import SamplingConfig
-from rollout.engines.vllm import mapped_shm
+from rollout.engines.vllm import VLLMEngine, mapped_shm
 from rollout.group import RolloutGroup
 from rollout.render import PromptRenderer
 from rollout.sync import setup_sync, sync_weights
@@ -156,7 +156,6 @@ class TrainerWithEngine(HybridWorker):
     process, synced over the local channel (tensors by reference)."""
 
     def __init__(self, model_dir: str, tr: TrainerConfig):
-        from rollout.engines.vllm import VLLMEngine
         super().__init__(model_dir, tr, engine_cls=VLLMEngine, engine_kwargs=ENGINE)
         self.open_sender("local", "127.0.0.1", 0, [])
 

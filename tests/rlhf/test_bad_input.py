@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.conftest import cli_in_process, run_cli
+from tests.helpers import cli_in_process, run_cli
 
 RL = "stage: rl\n"
 # (id, YAML text or None for "use examples/sort_sft.yaml", extra overrides, text the message must contain)
@@ -62,12 +62,12 @@ CONFIGS = [
     ("async-colocated-gpu", RL + "rollout:\n  max_staleness: 1\nplacement:\n  num_gpus: 1\n", [],
      "colocated roles take turns"),
     ("tis-mask-one-bound", RL + "algorithm:\n  tis_mask_low: 0.5\n", [], "set both (0 < low <= 1 <= high"),
-    ("env-no-colon", RL + "env:\n  name: tests.envs.toy\n", [], "env.name = 'tests.envs.toy': write it as"),
+    ("env-no-colon", RL + "env:\n  name: tests.fixtures.envs\n", [], "env.name = 'tests.fixtures.envs': write it as"),
     ("env-missing-module", RL + "env:\n  name: nowhere.envs:Game\n", [], "cannot import 'nowhere.envs'"),
-    ("env-missing-class", RL + "env:\n  name: tests.envs.toy:Nope\n", [], "has no 'Nope'"),
-    ("env-zero-turns", RL + "env:\n  name: tests.envs.toy:Echo\n  max_turns: 0\n", [], "env.max_turns = 0"),
-    ("env-unknown-kwarg", RL + "env:\n  name: tests.envs.toy:Echo\n  kwargs: {speed: 2}\n", [],
-     "env.kwargs = {'speed': 2}: tests.envs.toy:Echo cannot be built with them: TypeError"),
+    ("env-missing-class", RL + "env:\n  name: tests.fixtures.envs:Nope\n", [], "has no 'Nope'"),
+    ("env-zero-turns", RL + "env:\n  name: tests.fixtures.envs:Echo\n  max_turns: 0\n", [], "env.max_turns = 0"),
+    ("env-unknown-kwarg", RL + "env:\n  name: tests.fixtures.envs:Echo\n  kwargs: {speed: 2}\n", [],
+     "env.kwargs = {'speed': 2}: tests.fixtures.envs:Echo cannot be built with them: TypeError"),
     ("guess-bad-prompt", RL + "env:\n  name: rollout.guess:GuessNumber\n  kwargs: {prompt: 'from {low}'}\n", [],
      "must be text with at most the placeholder {high}"),
     ("token-budget-zero", "trainer:\n  max_tokens_per_micro_batch: 0\n", [], "trainer.max_tokens_per_micro_batch = 0"),
@@ -175,7 +175,7 @@ def make_data(tmp_path, suffix, content):
 def test_malformed_data_exits_2_naming_the_file(tmp_path, name, suffix, content, needle):
     path = make_data(tmp_path, suffix, content)
     code, out, err = cli_in_process("--config", "examples/sort_sft.yaml", "data.task=null", f"data.train_path={path}",
-                                    f"data.eval_path={path}", "reward.fn=tests.test_data:user_reward",
+                                    f"data.eval_path={path}", "reward.fn=tests.rlhf.stages.test_data:user_reward",
                                     f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1")
     assert code == 2, (out[-500:], err[-2000:])
     assert str(path) in err and needle in err, err[-2000:]
@@ -187,7 +187,7 @@ def test_a_prompt_longer_than_the_engines_context_exits_2_before_any_worker_star
     rows = [GOOD] * 40 + [{"prompt": "sort " + "7 " * 200 + "=", "answer": " 7"}]
     path = make_data(tmp_path, ".jsonl", jsonl(*rows))
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={tiny_model_dir}", "data.task=null",
-                  f"data.train_path={path}", f"data.eval_path={path}", "reward.fn=tests.test_data:user_reward",
+                  f"data.train_path={path}", f"data.eval_path={path}", "reward.fn=tests.rlhf.stages.test_data:user_reward",
                   f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1", timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"{path}, train row 41: its prompt is" in res.stderr and "rollout.max_model_len = 256" in res.stderr

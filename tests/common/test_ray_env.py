@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT, session_ray
+from tests.helpers import ROOT, session_ray
 
 PROBE = """
 import ray

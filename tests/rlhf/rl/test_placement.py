@@ -113,7 +113,7 @@ def test_per_prompt_seeds_by_default_on_cpu_only():
     assert seed_per_prompt(True, 8) and not seed_per_prompt(False, 0)
 
 
-def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch):
+def test_cpu_threads_share_the_cores_among_workers_that_run_at_once(monkeypatch, ray_local):
     from rlhf.config import RunConfig
     from rlhf.config.resolve import busy_at_once, cpu_threads
 
@@ -137,7 +137,7 @@ def test_a_cpu_run_whose_actors_cannot_all_be_placed_exits_2_at_once(tmp_path, t
     the last ones pending until a deadline blames a collective."""
     import time
 
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
     start = time.monotonic()
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={tiny_model_dir}", f"output_dir={tmp_path}",
                   "trainer.world_size=8", "trainer.micro_batch_size=4", "rollout.num_engines=2", timeout=300)

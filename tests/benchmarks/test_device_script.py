@@ -10,7 +10,7 @@ import sysconfig
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def bare_python() -> str:

@@ -136,7 +136,7 @@ def stuck_reward(prompts, completions, **metadata):
 
 def test_a_user_reward_runs_under_reward_timeout_s():
     from rollout.rewards import resolve_reward_fn, score
-    fn = resolve_reward_fn("tests.test_data:stuck_reward", None, timeout_s=0.5)
+    fn = resolve_reward_fn("tests.rlhf.stages.test_data:stuck_reward", None, timeout_s=0.5)
     assert score(fn, ["p", "q"], ["fine", "ok"], {}) == [1.0, 1.0]
     with pytest.raises(UserError, match="raised KeyError: 'no such answer'"):  # its own errors, as without one
         score(fn, ["p"], ["boom"], {})
@@ -150,14 +150,14 @@ def raising_reward(prompts, completions, **metadata):
 
 
 def test_user_reward_fn_from_dotted_path():
-    fn = load_reward_fn("tests.test_data:user_reward")
+    fn = load_reward_fn("tests.rlhf.stages.test_data:user_reward")
     assert score(fn, ["a", "b"], ["xy", "z"], {}) == [2.0, 1.0]
     assert resolve_reward_fn(None, "sort") is sort_reward
 
 
 @pytest.mark.parametrize("spec, needle", [
     ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-    ("tests.test_data:missing", "has no function 'missing'"),
+    ("tests.rlhf.stages.test_data:missing", "has no function 'missing'"),
 ])
 def test_reward_fn_load_errors(spec, needle):
     with pytest.raises(UserError, match=needle):

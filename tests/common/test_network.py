@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from common.net import LOOPBACK, free_port, tcp_store
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def listeners(port: int) -> list[str]:
@@ -40,7 +40,7 @@ def test_deepspeeds_group_on_one_host_listens_on_loopback_alone():
     port = free_port()
     code = ("import sys; from actors.dist import init_deepspeed_distributed; "
             f"init_deepspeed_distributed(0, 1, '127.0.0.1', {port}); "
-            "from tests.test_network import listeners; print('LISTEN', listeners(int(sys.argv[1])))")
+            "from tests.common.test_network import listeners; print('LISTEN', listeners(int(sys.argv[1])))")
     out = subprocess.run([sys.executable, "-c", code, str(port)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stderr[-2000:]

@@ -57,8 +57,8 @@ def test_a_crash_cut_checkpoint_is_named_and_the_one_before_resumed(tmp_path, ca
 def test_a_checkpoint_of_another_run_is_refused_naming_each_difference(tmp_path):
     import pytest
     from common.errors import UserError
-    from rlhf.stages.loop import resume_point
     from rlhf.outputs.run_identity import identity
+    from rlhf.stages.loop import resume_point
     out = str(tmp_path)
     _commit(out, 5, identity(_cfg(out, "trainer.lr=0.001")))
     assert resume_point(_cfg(out, "trainer.lr=0.001", "trainer.max_steps=50", "eval.every=3"))[1]["step"] == 5

@@ -4,7 +4,7 @@ printed, and exit with the run's code."""
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 SCRIPT = """
 import atexit, sys, threading, time

@@ -5,7 +5,7 @@ import pytest
 
 from common.errors import UserError
 from rlhf.config import RunConfig, load_config, read_config, validate
-from tests.conftest import run_cli
+from tests.helpers import ROOT, run_cli
 
 
 def write(tmp_path, text: str, name: str = "c.yaml") -> str:
@@ -179,7 +179,7 @@ def test_every_key_is_documented_and_the_reference_page_is_current():
     from rlhf.config.doc import entries, markdown
     keys = entries()
     assert len(keys) > 100 and not [e.key for e in keys if not e.help]
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config-reference.md")
+    path = os.path.join(ROOT, "docs", "config-reference.md")
     with open(path, encoding="utf-8") as f:
         assert f.read() == markdown(), "docs/config-reference.md is stale: run python -m rlhf.config.doc"
 

@@ -10,7 +10,7 @@ from common.remote import WorkerDied
 from rlhf.config import LoggingConfig, load_config
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.stages.loop import drive, resume_point
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 class CountingStage:

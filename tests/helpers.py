@@ -1,0 +1,75 @@
+"""What tests share besides fixtures: the repository's root, running the CLI (as a subprocess joining the session's
+Ray, or in this process), the session's one Ray instance, and reading a live run."""
+import os
+import sys
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args: str, timeout: float = 600, cwd: str = ROOT, env: Optional[dict] = None):
+    """`python -m rlhf.run ...` as a subprocess that joins the session's Ray (session_ray), with `env` added to
+    this process's environment; returns the CompletedProcess (text mode)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=ROOT, RAY_ADDRESS=session_ray(), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "rlhf.run", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env)
+
+
+def child_commands(pid=None) -> list:
+    """(process, command line) of each descendant of `pid` (this process by default) still alive: one that exits
+    while they are listed is left out (reading its command line would raise)."""
+    import psutil
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for p in children:
+        try:
+            found.append((p, " ".join(p.cmdline())))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def logged_rows(run_dir) -> int:
+    """How many rows the run's metrics.jsonl holds: 0 while it is not written yet or its newest line is half
+    written (a reader polling a live run sees either)."""
+    from rlhf.outputs.metrics import read_metrics
+    try:
+        return len(read_metrics(str(run_dir)))
+    except (OSError, ValueError):
+        return 0
+
+
+def cli_in_process(*args: str, cwd: str = ROOT):
+    """`rlhf.run.main(args)` in this process (no interpreter start-up, imports already warm): the return code and
+    what it printed. An exception escaping main() fails the calling test, as a traceback would."""
+    import contextlib
+    import io
+
+    from rlhf.run import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()
+
+
+def session_ray() -> str:
+    """The test run's one local Ray instance, started on first use and stopped when the session ends; returns its
+    address. 4 logical CPUs, so actors asking 0.5 fit, and 2 logical GPUs so placement logic runs on a CPU host
+    (torch still sees no CUDA). In-process tests use it (`ray_local`), `run_cli` runs join it (RAY_ADDRESS): each
+    saves its own Ray start. A test that needs Ray to itself (its own cluster) calls `ray.shutdown()` first."""
+    import ray
+
+    from common.remote import python_path
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": python_path(ROOT)}})
+    return ray.get_runtime_context().gcs_address
