@@ -17,6 +17,7 @@ from actors.batching.prefix_sharing import (PrefixPlan, forward_cost, gather_row
 from actors.dist import init_deepspeed_distributed
 from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
+from actors.memory_plan import MemoryPlanner, enable_checkpointing
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from common.batch import Batch, attention_inputs, first_target, split_batch
 from common.dtypes import autocast
@@ -92,8 +93,7 @@ class DSModel:
         with zero3_loading(config):
             model = build()
         if tr.gradient_checkpointing:
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a LoRA wrapper
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model)
         self.trims_logits = takes_logits_to_keep(model)  # logits only from a micro-batch's first trained token
         # the shared-prefix mask: additive, in the dtype attention computes in (one tensor every layer uses as it
         # is; a bool mask would be converted, and kept for the backward, by every layer)
@@ -116,6 +116,7 @@ class DSModel:
         self.engine.train()  # from_pretrained leaves eval mode, in which gradient checkpointing is off
         fresh_adam(optimizer)
         self.head = DeferredHead.attach(self.module, defer_head, self.precision, self.device)
+        self.planner = MemoryPlanner.attach(self.module, tr, self.precision, self.device, world_size, rank)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
@@ -199,7 +200,8 @@ class DSModel:
         if self.cfg.max_tokens_per_micro_batch is None:
             out = map_grouped(batch, size, run, self._unit(batch, 1, size))
         else:  # by the same token budget as the update's micro-batches
-            out = map_pieces(batch, self._budget_groups(batch, self._unit(batch, 1, None)), run)
+            out = map_pieces(batch, self._budget_groups(batch, self._unit(batch, 1, None),
+                                                        self.cfg.max_tokens_per_micro_batch), run)
         self.engine.train()
         return out
 
@@ -270,19 +272,20 @@ class DSModel:
         """`mini` in micro-batches of trainer.micro_batch_size rows, or under trainer.max_tokens_per_micro_batch as
         many as the padded-token budget needs: the most any rank needs (ZeRO's collectives run once per micro-batch,
         so every rank runs as many), at most as many as the fewest rows any rank has."""
-        rows = len(mini["input_ids"])
+        rows, gas = len(mini["input_ids"]), self.engine.gradient_accumulation_steps()
         budget = self.cfg.max_tokens_per_micro_batch
+        if self.planner is not None:  # trainer.plan_memory: fewer rows a micro-batch where they would not fit
+            budget = self.planner.budget(mini["attention_mask"].sum(1).tolist(), max(1, rows // gas), budget,
+                                         self.all_reduce_max)
         if budget is None:
-            gas = self.engine.gradient_accumulation_steps()
             if rows % gas:
                 raise ValueError(f"cannot split {rows} rows into {gas} equal micro-batches")
             return length_grouped(mini, rows // gas, self._unit(mini, unit, rows // gas))
-        return self._budget_groups(mini, self._unit(mini, unit, None))
+        return self._budget_groups(mini, self._unit(mini, unit, None), budget)
 
-    def _budget_groups(self, rows: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:
-        """Micro-batches under trainer.max_tokens_per_micro_batch, as many on this rank as on the rank that needs
-        most (ZeRO's collectives run once per forward), at most as many as the fewest units any rank has."""
-        budget = self.cfg.max_tokens_per_micro_batch
+    def _budget_groups(self, rows: Batch, unit: int, budget: int) -> list[tuple[torch.Tensor, Batch]]:
+        """Micro-batches under a padded-token budget, as many on this rank as on the rank that needs most (ZeRO's
+        collectives run once per forward), at most as many as the fewest units any rank has."""
         lengths = rows["attention_mask"].sum(1).view(-1, unit).max(1).values.tolist()  # per unit (a DPO pair)
         need = torch.tensor([micro_batches_needed(lengths, budget // unit), -len(lengths)], dtype=torch.float64)
         need = self.all_reduce_max(need)

@@ -61,7 +61,15 @@ def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> 
     values, targets, s = shifted_logits(mb, out.hidden if head is not None else out.logits)
     mask = mb.get("loss_mask")
     window = mask[:, s:] if mask is not None else torch.ones(targets.shape, dtype=torch.bool, device=values.device)
-    flat, flat_targets = values[window], targets[window]
+    idle = values.requires_grad and not window.any()  # no row here trains (an agent that failed before its call)
+    # One position goes through the head all the same, its result times zero: this rank's backward then takes the
+    # path every other rank's takes (under ZeRO-3 each module's gathers, and with checkpointing its recompute, in
+    # the same order), not a shortcut from the loss to the decoder's output.
+    if idle:  # (the last position of the first row: every row has one, a one-token row's window has none)
+        last = (out.hidden if head is not None else out.logits)[:1, -1]
+        flat, flat_targets = last, mb["input_ids"][:1, -1]
+    else:
+        flat, flat_targets = values[window], targets[window]
     if head is not None:
         got = head.logprobs(flat, flat_targets, temperature, entropy)
         got = got if entropy else got[:1]
@@ -71,8 +79,9 @@ def _at_trained_positions(mb: Batch, out, entropy: bool, temperature: float) -> 
         got = (token_logprobs(flat, flat_targets, temperature),)
     full = torch.nn.functional.pad(window, (s, 0))  # mask[:, :s] is all false
     zeros = torch.zeros(full.shape, dtype=torch.float32, device=values.device)
-    if values.requires_grad and not flat.numel():  # no row here trains (an agent that failed before its first
-        zeros = zeros + values.sum() * 0.0  # call): still on the graph, so the engine's backward can run
+    if idle:
+        got = tuple(g * 0.0 for g in got)
+        zeros = zeros + got[0].sum()  # (a zero on the graph: masked_scatter would take none of it)
     logp = zeros.masked_scatter(full, got[0])
     return (logp, *(zeros.detach().masked_scatter(full, t) for t in got[1:]))  # (entropies: a metric)
 

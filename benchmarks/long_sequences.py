@@ -121,7 +121,8 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
     budget = re.search(r"\+mb(\d+)", path)  # trainer.max_tokens_per_micro_batch: the step in smaller micro-batches
     tr = TrainerConfig(lr=1e-5, batch_size=rows, micro_batch_size=rows, warmup_steps=0,
                        chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
-                       shared_prefix="+shared" in path, max_tokens_per_micro_batch=budget and int(budget[1]))
+                       shared_prefix="+shared" in path, max_tokens_per_micro_batch=budget and int(budget[1]),
+                       plan_memory="+plan" in path)
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
@@ -167,7 +168,8 @@ def main() -> None:
     p.add_argument("--lengths", default="256,1024,4096,8192")
     p.add_argument("--paths", default="full,chunked,chunked+gc",
                    help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
-                        "trainer.shared_prefix (+shared), + trainer.max_tokens_per_micro_batch N (+mbN)")
+                        "trainer.shared_prefix (+shared), + trainer.max_tokens_per_micro_batch N (+mbN), + "
+                        "trainer.plan_memory (+plan; off otherwise, so a path means what it always did)")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")
     p.add_argument("--cap-gib", type=float, default=12.0)

@@ -89,6 +89,10 @@ class TrainerConfig:
     # keep only each decoder layer's input for the backward and recompute the layer there (activation
     # checkpointing, non-reentrant): about a third more compute for a fraction of the memory; for long sequences
     gradient_checkpointing: bool = False
+    # before each update, estimate what its micro-batches' backward keeps (the model's shape, the rows' lengths)
+    # against the memory free now; where they would not fit, take fewer rows a micro-batch (a token budget), and turn
+    # gradient checkpointing on where even one row would not fit; said once in the log (actors/memory_plan.py)
+    plan_memory: bool = True
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is

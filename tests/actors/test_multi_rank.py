@@ -90,3 +90,36 @@ def test_a_bf16_true_save_under_zero2_keeps_the_fp32_model_on_the_writing_rank_o
         assert saved["model.layers.0.mlp.down_proj.weight"].dtype == torch.float32
     finally:
         group.kill()
+
+
+@pytest.mark.slow
+def test_zero3_ranks_whose_memory_plans_differ_agree_on_one(ray_local, tiny_model_dir):
+    """trainer.plan_memory under ZeRO-3: rank 0 (nothing to train) has room, rank 1 (long rows) has less than one
+    row's worth; both take rank 1's plan, token budget and checkpointing (a rank recomputing alone would gather
+    the weights more often than its peer and hang it), and the update equals one process's unplanned one."""
+    from actors.group import ActorGroup
+    from common.batch import shards
+
+    algo = AlgorithmConfig()
+    single = PolicyTrainer(tiny_model_dir, replace(TR, plan_memory=False))
+    group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=tiny_model_dir, tr=replace(TR, zero_stage=3))
+    try:
+        def squeeze(trainer, rank):
+            import actors.memory_plan as memory_plan
+            one_row = trainer.ds.planner.shape.row_bytes(32, False)
+            free = 1e6 * one_row if rank == 0 else 0.5 * one_row / memory_plan.SAFETY
+            memory_plan.free_bytes = lambda device, ranks: free
+        ray_local.get([a.__ray_call__.remote(squeeze, i) for i, a in enumerate(group.actors)], timeout=60)
+        batch = rows(0)
+        metrics = ray_local.get([a.train_step.remote(p, algo) for a, p in zip(group.actors, shards(batch, 2))],
+                                timeout=120)
+        expected = single.train_step(batch, algo)
+        assert metrics[0]["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-4)
+        on = ray_local.get([a.__ray_call__.remote(lambda t: t.model.is_gradient_checkpointing) for a in group.actors],
+                           timeout=60)
+        assert on == [True, True]
+        weights = dict(ray_local.get([a.export_weights.remote() for a in group.actors], timeout=120)[0])
+        for name, w in single.iter_weights():
+            assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+    finally:
+        group.kill()

@@ -1,0 +1,64 @@
+"""trainer.plan_memory: a step estimates what its micro-batches' backward keeps and, where that would not fit in the
+memory free now, takes fewer rows a micro-batch, then gradient checkpointing; the update is the same either way."""
+import pytest
+
+from actors.memory_plan import SAFETY, Plan, Shape, describe, plan_step
+from actors.policy import PolicyTrainer
+from rlhf.config import TrainerConfig
+from tests.actors.test_trainer_group import sft_batches
+
+GIB = 1 << 30
+# SmolLM2-135M in bf16 on a CPU (sdpa keeps each layer's attention probabilities for the backward)
+SMOLLM2 = Shape(layers=30, hidden=576, intermediate=1536, heads=9, act_bytes=2, quadratic=True)
+
+
+def test_the_estimate_grows_with_length_and_checkpointing_bounds_it():
+    short, long = SMOLLM2.row_bytes(320, False), SMOLLM2.row_bytes(1088, False)
+    # the measured probes (benchmarks/results/long_sequences.md): 8 rows of 320 tokens keep about 1.5 GiB beyond the
+    # model's states; 8 rows of 1088 pass 12 GiB without checkpointing and keep about 0.5 GiB with it
+    assert 1.0 * GIB < 8 * short < 3.0 * GIB and 8 * long > 12 * GIB  # (it errs on the safe side)
+    assert 0.3 * GIB < 8 * SMOLLM2.row_bytes(1088, True) < 1.0 * GIB
+    flash = Shape(**{**SMOLLM2.__dict__, "quadratic": False})  # flash attention on a GPU: linear in the length
+    assert flash.row_bytes(2048, False) == pytest.approx(2 * flash.row_bytes(1024, False))
+    assert SMOLLM2.row_bytes(2048, False) > 3 * SMOLLM2.row_bytes(1024, False)
+
+
+def test_a_plan_keeps_what_fits_then_takes_fewer_rows_then_checkpoints():
+    lengths = [1088] * 8
+    roomy = plan_step(SMOLLM2, lengths, 8, free=64 * GIB, checkpointing=False)
+    assert roomy == Plan(None, False, roomy.need, roomy.free) and roomy.fits()  # as configured
+    tight = plan_step(SMOLLM2, lengths, 8, free=10 * GIB, checkpointing=False)
+    rows = int(10 * GIB * SAFETY // SMOLLM2.row_bytes(1088, False))  # as many rows of the longest as fit
+    assert 1 <= rows < 8 and not tight.checkpointing and tight.max_tokens == 1088 * rows and tight.fits()
+    tighter = plan_step(SMOLLM2, lengths, 8, free=3 * GIB, checkpointing=False)
+    assert tighter.checkpointing and tighter.max_tokens >= 1088 and tighter.fits()  # one row would not fit without
+    hopeless = plan_step(SMOLLM2, [30_000] * 2, 2, free=1 * GIB, checkpointing=False)
+    assert hopeless.max_tokens == 30_000 and hopeless.checkpointing and not hopeless.fits()
+    assert "still more than fits" in describe(hopeless, 2, 30_000)
+    kept = plan_step(SMOLLM2, lengths, 8, free=64 * GIB, checkpointing=False, max_tokens=4352)
+    assert kept.max_tokens == 4352  # an explicit budget that fits is the user's
+
+
+def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointing_and_the_same_update(
+        tiny_model_dir, monkeypatch, capsys):
+    """The tiny model's 16 rows in one micro-batch, with 'free memory' set where a micro-batch of them would not
+    fit: the step takes fewer rows and then checkpointing, says so once, and updates as the unplanned step does."""
+    import actors.memory_plan as memory_plan
+
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
+    plain = PolicyTrainer(tiny_model_dir, TrainerConfig(**{**tr.__dict__, "plan_memory": False}))
+    planned = PolicyTrainer(tiny_model_dir, tr)
+    shape, longest = planned.ds.planner.shape, int(batch["attention_mask"].sum(1).max())
+    one_row = shape.row_bytes(longest, False)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 3 * one_row / memory_plan.SAFETY)
+    a, b = plain.sft_step(batch), planned.sft_step(batch)
+    assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+    assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+    said = capsys.readouterr().out
+    assert said.count("memory plan: micro-batches of") == 1 and "gradient checkpointing" not in said
+    assert not planned.model.is_gradient_checkpointing
+    # less than one row's worth: checkpointing goes on, and stays on
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 0.5 * one_row / memory_plan.SAFETY)
+    planned.sft_step(batch)
+    assert planned.model.is_gradient_checkpointing and "gradient checkpointing on" in capsys.readouterr().out
