@@ -266,7 +266,7 @@ class DSModel:
         metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else "nan")
         metrics["train/lr"] = self.engine.get_lr()[0]
         metrics["train/skipped_updates"] = float(skipped)
-        return metrics
+        return {**metrics, **(self.planner.metrics() if self.planner is not None else {})}
 
     def _micro_batches(self, mini: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:
         """`mini` in micro-batches of trainer.micro_batch_size rows, or under trainer.max_tokens_per_micro_batch as

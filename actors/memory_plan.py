@@ -126,6 +126,7 @@ class MemoryPlanner:
     def __init__(self, model, shape: Shape, device, ranks_here: int, checkpointing: bool, rank: int = 0):
         self.model, self.shape, self.device, self.ranks_here, self.rank = model, shape, device, ranks_here, rank
         self.checkpointing, self.said = checkpointing, None
+        self.tokens: Optional[int] = None  # the last step's budget (None: the configured rows)
 
     @classmethod
     def attach(cls, model, tr, precision: str, device, world_size: int, rank: int) -> Optional["MemoryPlanner"]:
@@ -155,5 +156,9 @@ class MemoryPlanner:
             self.checkpointing = True
         if (tokens, gc) != self.said and self.rank == 0:
             print(describe(Plan(tokens, gc, plan.need, plan.free), rows_per_micro_batch, max(lengths)), flush=True)
-        self.said = (tokens, gc)
+        self.said, self.tokens = (tokens, gc), tokens
         return tokens
+
+    def metrics(self) -> dict[str, float]:
+        """The plan the last step ran, for the driver to log (a Ray worker's own prints stay in its log)."""
+        return {"train/planned_tokens": float(self.tokens or 0), "train/checkpointing": float(self.checkpointing)}

@@ -53,6 +53,7 @@ class RLController:
             if cfg.teacher.path is not None:
                 check_teacher(cfg, self.model_path)
         self.syncs, self.verified = 0, 0  # full-weight syncs so far; tensors the last verified one checked
+        self.memory_plan = (0.0, float(cfg.trainer.gradient_checkpointing))  # as configured: nothing to say
         # One update per rollout (one epoch, one mini-batch): the old log-probs are the training forward's own.
         self.fused_old_logprobs = (a.ppo_epochs == 1 and r.prompts_per_step * r.n_samples == cfg.trainer.batch_size
                                    and a.kl_mode() != "reward")
@@ -139,8 +140,20 @@ class RLController:
         if distill is not None:  # opd: how far the student's samples are from the teacher
             metrics["rollout/teacher_kl"] = masked_mean(distill, rollout.loss_mask).item()
         metrics.update(self.source.phase_metrics(sampled, t.times["time/rollout"]))
+        self._say_memory_plan(metrics)
         self.trained_rows.write(step, row_ids)
         return {**metrics, **t.times}
+
+    def _say_memory_plan(self, metrics: dict[str, float]) -> None:
+        """trainer.plan_memory: the console says when the trainers' plan changes (their prints stay in Ray's logs)."""
+        if "train/planned_tokens" not in metrics:  # (plan_memory off)
+            return
+        plan = (metrics["train/planned_tokens"], metrics["train/checkpointing"])
+        if plan != self.memory_plan:
+            rows = f"at most {plan[0]:.0f} padded tokens" if plan[0] else "trainer.micro_batch_size rows"
+            self.logger.console(f"memory plan: the update's micro-batches take {rows}"
+                                f"{', with gradient checkpointing' if plan[1] else ''} (trainer.plan_memory)")
+        self.memory_plan = plan
 
     def _token_scores(self, shipped: Shipped) -> TokenScores:
         """The old policy's, the reference's and the critic's view of the rollout's tokens, each where needed."""

@@ -55,6 +55,8 @@ def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointin
     a, b = plain.sft_step(batch), planned.sft_step(batch)
     assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
     assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
+    assert b["train/planned_tokens"] == 3 * longest and b["train/checkpointing"] == 0.0  # for the driver's log
+    assert "train/planned_tokens" not in a
     said = capsys.readouterr().out
     assert said.count("memory plan: micro-batches of") == 1 and "gradient checkpointing" not in said
     assert not planned.model.is_gradient_checkpointing
@@ -62,3 +64,25 @@ def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointin
     monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 0.5 * one_row / memory_plan.SAFETY)
     planned.sft_step(batch)
     assert planned.model.is_gradient_checkpointing and "gradient checkpointing on" in capsys.readouterr().out
+
+
+def test_the_run_says_when_the_trainers_plan_changes_and_not_every_step():
+    """The trainers' own prints stay in Ray's logs: the controller says each change of the plan they report."""
+    from rlhf.rl.controller import RLController
+
+    class Console:
+        lines = []
+
+        def console(self, text):
+            self.lines.append(text)
+    controller = RLController.__new__(RLController)  # (only the method's state)
+    controller.logger, controller.memory_plan = Console(), (0.0, 0.0)
+    for planned, gc in [(0, 0), (2176, 0), (2176, 0), (1088, 1), (0, 1)]:
+        controller._say_memory_plan({"train/planned_tokens": float(planned), "train/checkpointing": float(gc)})
+    controller._say_memory_plan({"train/loss": 1.0})  # plan_memory off: nothing to say
+    assert Console.lines == [
+        "memory plan: the update's micro-batches take at most 2176 padded tokens (trainer.plan_memory)",
+        "memory plan: the update's micro-batches take at most 1088 padded tokens, with gradient checkpointing "
+        "(trainer.plan_memory)",
+        "memory plan: the update's micro-batches take trainer.micro_batch_size rows, with gradient checkpointing "
+        "(trainer.plan_memory)"]
