@@ -23,6 +23,7 @@ import asyncio
 import inspect
 import math
 import secrets
+import sys
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 from common.errors import UserError, load_named
+from common.remote import WorkerDied
 from common.schema import AgentConfig
 from rollout.agents.episode import Episode, Plan
 from rollout.agents.render import ToolCalls
@@ -98,6 +100,12 @@ class Calls:
 QUIET_S, HOLD_S = 0.02, 0.25
 
 
+def _failed(calls: list[Call], error: BaseException) -> None:
+    for c in calls:
+        c.error = f"the engines failed: {type(error).__name__}: {error}"
+        c.done.set()
+
+
 def reward_of(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"the agent returned {value!r}; return its reward, a finite number")
@@ -117,6 +125,7 @@ class AgentRunner:
         self.live_lock = threading.Lock()
         self.hung: list[threading.Thread] = []
         self.http = None  # the sync agents' shared httpx client, made on first use
+        self.rejected = 0  # calls the engine raised for (each ended its episode, not the run)
         self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port)
 
     def close(self) -> None:
@@ -223,14 +232,27 @@ class AgentRunner:
                 call.done.set()
 
     def _generate(self, group, calls: list[Call], sampling: SamplingConfig) -> None:
+        """One engine call for `calls`. A request the engine rejects (it raised, past the endpoint's own checks) fails
+        its own call only, and so ends at most its own episode: a call of several is redone a request at a time to
+        find it. An engine that died or hung, and that the group could not bring back, ends the run."""
         budgets, engines = tuple(c.max_tokens for c in calls), [c.episode % group.num_engines for c in calls]
         try:
             samples = group.collect(group.submit([c.plan.prompt_ids for c in calls], replace(
                 sampling, max_new_tokens=max(budgets), budgets=budgets), engines))
+        except WorkerDied as e:
+            if e.raised and len(calls) > 1:
+                for c in calls:
+                    self._generate(group, [c], sampling)
+                return
+            _failed(calls, e)
+            if not e.raised:
+                raise
+            self.rejected += 1
+            print(f"warning: the engine rejected one agent call (its episode ends; {self.rejected} so far): {e}",
+                  file=sys.stderr)
+            return
         except BaseException as e:
-            for c in calls:
-                c.error = f"the engines failed: {type(e).__name__}: {e}"
-                c.done.set()
+            _failed(calls, e)
             raise
         for c, s in zip(calls, samples):
             c.sample = s

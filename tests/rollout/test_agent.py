@@ -28,7 +28,8 @@ def tok(tiny_model_dir):
 def test_load_agent_names_what_is_wrong():
     assert load_agent("tests.fixtures.agents:calculator") is toy.calculator
     for name, why in (("tests.fixtures.agents", "package.module:function"), ("nowhere.at_all:f", "cannot import"),
-                      ("tests.fixtures.agents:nope", "has no 'nope'"), ("tests.fixtures.agents:TOOLS", "must be a function")):
+                      ("tests.fixtures.agents:nope", "has no 'nope'"),
+                      ("tests.fixtures.agents:TOOLS", "must be a function")):
         with pytest.raises(UserError, match=why):
             load_agent(name)
     assert reward_of(1) == 1.0 and reward_of(0.25) == 0.25
@@ -239,3 +240,51 @@ def test_the_endpoint_serves_curl_without_a_run(engines):
     finally:
         runner.close()
     assert (episode.calls, len(episode.samples), episode.breaks) == (2, 1, 0)  # the second call continued the first
+
+
+class RejectsOne:
+    """The real engines, except that a call holding a prompt that says "reject me" fails as a request the engine
+    rejects does (its actor raised): what the endpoint's checks cannot all foresee."""
+
+    def __init__(self, group, renderer):
+        self.group, self.renderer, self.calls = group, renderer, []
+
+    @property
+    def num_engines(self):
+        return self.group.num_engines
+
+    def submit(self, prompts, sampling, engines=None):
+        self.calls.append(len(prompts))
+        if any("reject me" in self.renderer.decode(p) for p in prompts):
+            return None
+        return self.group.submit(prompts, sampling, engines)
+
+    def collect(self, submitted):
+        from common.remote import WorkerDied
+        if submitted is None:
+            raise WorkerDied("rollout engine 0 raised ValueError: this request cannot be generated",
+                             "rollout engine 0", raised=True)
+        return self.group.collect(submitted)
+
+
+@pytest.mark.slow
+def test_a_request_the_engine_rejects_ends_its_own_episode_not_the_run(engines, capsys):
+    """Four agents call at once, one with a request the engine raises for: that episode fails (counted, said once),
+    the three others are trained as usual, and a call that held the bad request with good ones is redone a request
+    at a time. Before, the engine's error ended the whole run."""
+    from rollout.agents.runner import AgentRunner
+    _, group, renderer = engines
+    rejecting = RejectsOne(group, renderer)
+    runner = AgentRunner(rejecting, renderer, AgentConfig(fn="tests.fixtures.agents:two_turns", timeout_s=60.0),
+                         max_model_len=1024)
+    try:
+        rows = [{"q": "one", "good": True}, {"q": "reject me"}, {"q": "three", "good": True}, {"q": "four"}]
+        samples = runner.run(rows, SamplingConfig(max_new_tokens=4, temperature=1.0, n=1))
+    finally:
+        runner.close()
+    assert [s.env.error for s in samples] == [False, True, False, False]
+    assert [s.env.reward for s in samples] == [1.0, 0.0, 1.0, 0.0]
+    assert all(s.env.turns == 2 for i, s in enumerate(samples) if i != 1)
+    said = capsys.readouterr().err
+    assert said.count("the engine rejected one agent call") == runner.rejected == 1
+    assert "warning: 1 of 4 agent episodes failed" in said
