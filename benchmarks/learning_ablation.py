@@ -127,7 +127,8 @@ def report() -> None:
         table.append([v, ",".join(str(r["seed"]) for r in by[v]), mean_sd([r["gain"] for r in by[v]]),
                       mean_sd([r["entropy_last"] for r in by[v]]), timed(v)["step_s"], per_min(v), *ratios])
     print_table(["variant", "seeds", "greedy acc gain (mean ± sd)", "entropy at the end",
-                 "median s/step (fastest seed)", "gain a minute (its wall)", "gain / TRL's", "step / TRL's", "gain a minute / TRL's"], table)
+                 "median s/step (fastest seed)", "gain a minute (its wall)", "gain / TRL's", "step / TRL's",
+                 "gain a minute / TRL's"], table)
     for v in by:
         print(f"  {v}: {VARIANTS[v][0]}")
 

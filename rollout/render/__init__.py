@@ -35,8 +35,8 @@ class PromptRenderer:
         self.tokenizer, self.chat = tokenizer, chat
         if chat and not tokenizer.chat_template:
             raise RenderError("data.apply_chat_template is true but the tokenizer has no chat_template; set it "
-                              "to false for a base model, give it one with data.chat_template (gemma, chatml or a Jinja file), or "
-                              "use a checkpoint whose tokenizer_config.json has one")
+                              "to false for a base model, give it one with data.chat_template (gemma, chatml or a "
+                              "Jinja file), or use a checkpoint whose tokenizer_config.json has one")
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = next(i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0) if i is not None)
         self._close_id = self._turn_close_id() if tokenizer.chat_template else None
@@ -164,8 +164,8 @@ class PromptRenderer:
     def _template_ids(self, messages: Messages, generation_prompt: bool) -> list[int]:
         if not self.tokenizer.chat_template:
             raise RenderError("a conversational prompt needs a chat template, and this tokenizer has none; give "
-                              "string prompts, set data.chat_template (gemma, chatml or a Jinja file), or use a checkpoint "
-                              "whose tokenizer_config.json has a chat_template")
+                              "string prompts, set data.chat_template (gemma, chatml or a Jinja file), or use a "
+                              "checkpoint whose tokenizer_config.json has a chat_template")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
         # The template writes the special tokens it wants (a <bos> included): add none of our own.
         return self.tokenizer(text, add_special_tokens=False).input_ids

@@ -139,7 +139,8 @@ class DriverStats:
 
     def read(self, ahead: bool = True) -> dict[str, float]:
         """The metrics since the last read (`ahead` false: the synchronous loop's, which has no thread or pause)."""
-        out = {"rollout/driver_tokens": self.tokens, "rollout/prefill_per_token": prefill_per_token(self.prefill, self.generated),
+        out = {"rollout/driver_tokens": self.tokens,
+               "rollout/prefill_per_token": prefill_per_token(self.prefill, self.generated),
                "rollout/prefill_tokens": self.prefill, "rollout/generated_tokens": self.generated}
         if ahead:
             out.update({"rollout/driver_cpu_s": self.cpu, "rollout/sync_wait_s": self.sync_wait,

@@ -34,7 +34,8 @@ def test_reference_reward_model_and_critic_keep_to_a_token_budget(tiny_model_dir
     assert len(sizes) > 4 and all(rows * width <= budget for rows, width in sizes)
 
     tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
-    critic, budgeted = Critic(tiny_model_dir, tr), Critic(tiny_model_dir, replace(tr, max_tokens_per_micro_batch=budget))
+    critic = Critic(tiny_model_dir, tr)
+    budgeted = Critic(tiny_model_dir, replace(tr, max_tokens_per_micro_batch=budget))
     sizes = forward_sizes(budgeted.ds.module)
     values = budgeted.compute_values(batch) * batch["loss_mask"]
     assert (values - critic.compute_values(batch) * batch["loss_mask"]).abs().max() < 1e-5

@@ -187,7 +187,8 @@ def test_a_prompt_longer_than_the_engines_context_exits_2_before_any_worker_star
     rows = [GOOD] * 40 + [{"prompt": "sort " + "7 " * 200 + "=", "answer": " 7"}]
     path = make_data(tmp_path, ".jsonl", jsonl(*rows))
     res = run_cli("--config", "examples/sort_grpo.yaml", f"model.path={tiny_model_dir}", "data.task=null",
-                  f"data.train_path={path}", f"data.eval_path={path}", "reward.fn=tests.rlhf.stages.test_data:user_reward",
+                  f"data.train_path={path}", f"data.eval_path={path}",
+                  "reward.fn=tests.rlhf.stages.test_data:user_reward",
                   f"output_dir={tmp_path / 'run'}", "trainer.max_steps=1", timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"{path}, train row 41: its prompt is" in res.stderr and "rollout.max_model_len = 256" in res.stderr
