@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable, Optional
 
 import torch
@@ -15,48 +15,17 @@ from actors.batching.packing import micro_batches_needed, pack_rows, unpack_rows
 from actors.batching.prefix_sharing import (PrefixPlan, forward_cost, gather_rows, group_unit, layer_masks,
                                             mask_align, plan_prefixes, share_prefixes)
 from actors.dist import init_deepspeed_distributed
-from actors.ds_guards import restricted_checkpoint_engine, skippable, zero3_loading
+from actors.ds_config import deepspeed_config, make_optimizer, warmup_lambda
+from actors.ds_guards import restricted_checkpoint_engine, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.memory_plan import MemoryPlanner, enable_checkpointing
 from actors.precision import fresh_adam, master_state_dict, start_masters
+from actors.sequence_parallel import SequenceParallel, loss_scale, sequence_groups
 from common.batch import Batch, attention_inputs, first_target, split_batch
 from common.dtypes import autocast
 from common.schema import TrainerConfig, precision_of
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
-
-
-def deepspeed_config(tr: TrainerConfig, dtype: str, world_size: int) -> dict:
-    """`dtype`: model.dtype, which sets the precision where trainer.precision is null (common.schema.precision_of);
-    only the 16-bit "true" precisions keep 16-bit weights with fp32 masters (bf16-mixed autocasts fp32 weights)."""
-    precision = precision_of(tr.precision, dtype)
-    grad_accum = tr.batch_size // (tr.micro_batch_size * world_size)
-    return {
-        "train_batch_size": tr.micro_batch_size * grad_accum * world_size,
-        "train_micro_batch_size_per_gpu": tr.micro_batch_size,
-        "gradient_accumulation_steps": grad_accum,
-        "gradient_clipping": tr.grad_clip,
-        # ZeRO-3's zero.Init would replace torch.nn.functional.linear process-wide and for good, and an engine in
-        # the same process (placement.mode=hybrid) would run DeepSpeed's version inside its compiled forward
-        "zero_optimization": {"stage": tr.zero_stage, "memory_efficient_linear": False},
-        "bf16": {"enabled": precision == "bf16-true", "check_grad_overflow": True},  # ZeRO skips inf/NaN grads
-        "fp16": {"enabled": precision == "fp16-true"},
-        "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed's CPU Adam is a C++ build at start
-        "steps_per_print": 10**9,
-    }
-
-
-def make_optimizer(params: list, tr: TrainerConfig) -> torch.optim.Optimizer:
-    """torch AdamW (no C++ build), except where DeepSpeed demands its own: ZeRO-3 moves states to CPU and back
-    (trainer.offload) only for its FusedAdam, a CUDA op built on first use (rlhf.rl.preflight checks it can be)."""
-    if tr.offload and tr.zero_stage == 3 and torch.cuda.is_available():
-        from deepspeed.ops.adam import FusedAdam
-        return skippable(FusedAdam(params, lr=tr.lr, weight_decay=tr.weight_decay, adam_w_mode=True))
-    return skippable(torch.optim.AdamW(params, lr=tr.lr, weight_decay=tr.weight_decay))
-
-
-def warmup_lambda(warmup_steps: int):
-    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 def save_tokenizer(source: str, out_dir: str, trust_remote_code: bool) -> None:
@@ -86,10 +55,14 @@ class DSModel:
         init_deepspeed_distributed(rank, world_size, master_addr, master_port)
         torch.manual_seed(seed)
         self.rank, self.world_size, self.cfg = rank, world_size, tr
+        self.data_parallel = world_size // tr.sequence_parallel_size  # the ranks with rows of their own
         self.precision = precision_of(tr.precision, dtype)
         self.packing = tr.packing and per_token
         self.shared_prefix = tr.shared_prefix and per_token
         config = deepspeed_config(tr, dtype, world_size)
+        # trainer.sequence_parallel_size: DeepSpeed's sequence and data groups, before the model (ZeRO-3 partitions
+        # it over both) and the engine (which reduces gradients over both)
+        mpu = sequence_groups(tr.sequence_parallel_size)
         with zero3_loading(config):
             model = build()
         if tr.gradient_checkpointing:
@@ -105,7 +78,7 @@ class DSModel:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_lambda(tr.warmup_steps))
         self._optimizer, self._scheduler = optimizer, scheduler  # the torch objects DeepSpeed wraps
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                               config=config)
+                                               config=config, mpu=mpu)
         self.engine.checkpoint_engine = restricted_checkpoint_engine(self.engine._config)
         # LoRA: the frozen base is the model folder, built again at every start, so checkpoints leave it out
         # (a full copy of a 7B base in each one, for an adapter of a few MB)
@@ -116,6 +89,9 @@ class DSModel:
         self.engine.train()  # from_pretrained leaves eval mode, in which gradient checkpointing is off
         fresh_adam(optimizer)
         self.head = DeferredHead.attach(self.module, defer_head, self.precision, self.device)
+        self.split = SequenceParallel.attach(self.module, tr.sequence_parallel_size, per_token)
+        self.loss_scale = loss_scale(tr.zero_stage, tr.sequence_parallel_size)
+        self.trims_logits = self.trims_logits and self.split is None  # (a split forward returns every position)
         self.planner = MemoryPlanner.attach(self.module, tr, self.precision, self.device, world_size, rank)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         if self.has_masters and checkpoint is not None:
@@ -152,6 +128,11 @@ class DSModel:
                 return HeadOutput(self._forward(mb).logits, self.head)
 
     def _forward(self, mb: Batch):
+        if self.split is not None:  # trainer.sequence_parallel_size: this rank's tokens, the output gathered
+            ids, positions = self.split.shard(mb)
+            with self._split_attention():
+                out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)
+            return PackedOutput(self.split.gather(out.logits, mb["input_ids"].shape[1]))
         if self.shared_prefix and "loss_mask" in mb and "position_ids" not in mb:  # (rows of several sequences)
             plan = plan_prefixes(*(mb[k].cpu() for k in ("input_ids", "attention_mask", "loss_mask")),
                                  align=mask_align(self.device))
@@ -162,6 +143,9 @@ class DSModel:
         ids, positions, where = pack_rows(mb["input_ids"], mb["attention_mask"], mb.get("position_ids"))
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
+
+    def _split_attention(self):
+        return self.split.active() if self.split is not None else nullcontext()
 
     def _shared_forward(self, mb: Batch, plan: PrefixPlan) -> PackedOutput:
         """trainer.shared_prefix: rows with the same prompt as one row, the prompt computed once
@@ -211,7 +195,7 @@ class DSModel:
         so its group-relative advantages meet in one update); every later epoch reshuffles the rows into new
         mini-batches (global torch RNG: restored by a checkpoint), so no epoch repeats the previous one's steps.
         Returns metrics averaged over steps (`train/skipped_updates`: summed)."""
-        n_mini = len(batch["input_ids"]) * self.world_size // self.cfg.batch_size
+        n_mini = len(batch["input_ids"]) * self.data_parallel // self.cfg.batch_size
         history: dict[str, list[float]] = {}
         for epoch in range(epochs):
             order = torch.randperm(len(batch["input_ids"])) if epoch > 0 and n_mini > 1 else None
@@ -244,7 +228,8 @@ class DSModel:
             mb = self.on_device(mb)
             loss, m = loss_fn(mb, self(mb), normalizer)
             bad += float(not torch.isfinite(loss.detach()).all())
-            self.engine.backward(loss, scale_wrt_gas=False)
+            with self._split_attention():
+                self.engine.backward(loss * self.loss_scale, scale_wrt_gas=False)
             skip = False
             if i == len(micro_batches) - 1:  # the boundary: decide together, before any rank steps
                 grad_norm = self._stage0_grad_norm()

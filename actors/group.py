@@ -1,6 +1,10 @@
 """`ActorGroup`: N ranks of a DeepSpeed worker (PolicyTrainer, Critic) as Ray actors forming one torch.distributed
 group. Its methods are explicit: each splits the batch into per-rank shards (a pure function), calls every rank,
-and gathers. Every wait has a timeout; a dead rank is reported by role and rank."""
+and gathers. Every wait has a timeout; a dead rank is reported by role and rank.
+
+With sequence parallelism (P = trainer.sequence_parallel_size) the N ranks are N/P data-parallel groups of P
+consecutive ranks: a batch is cut into N/P shards, each group's ranks get the same one (each then trains its own
+part of every sequence: actors/sequence_parallel.py), and per-row results come from each group's first rank."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -15,15 +19,17 @@ from common.remote import Shipped, make_actor, ray_get, ship
 
 class ActorGroup:
     def __init__(self, cls: type, role: str, world_size: int, options: Optional[Sequence[dict]] = None,
-                 timeout_s: float = 1800.0, **kwargs):
+                 timeout_s: float = 1800.0, sequence_parallel: int = 1, **kwargs):
         """Start `world_size` actors of `cls(..., rank=i, world_size=N, master_addr=..., master_port=...)`.
-        `options[i]` are rank i's Ray options (placement bundle, resources)."""
+        `options[i]` are rank i's Ray options (placement bundle, resources). `sequence_parallel`: the ranks that
+        share each shard of rows (trainer.sequence_parallel_size)."""
         import ray
 
         options = list(options or [{}] * world_size)
         probe = ray.remote(node_address).options(num_cpus=0, **_placement_only(options[0]))
         addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
         self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
+        self.split, self.data_parallel = sequence_parallel, world_size // sequence_parallel
         self.roles = [f"{role} {i}" for i in range(world_size)]
         self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size, master_addr=addr,
                                   master_port=port, **kwargs) for i in range(world_size)]
@@ -33,14 +39,18 @@ class ActorGroup:
         return ray_get(refs, self.timeout_s, self.roles)
 
     def _shards(self, batch: Batch | Shipped) -> list:
-        """One shard per rank: a Shipped batch's references, else the batch cut here."""
-        parts = batch.refs if isinstance(batch, Shipped) else shards(batch, self.world_size)
-        if len(parts) != self.world_size:
-            raise ValueError(f"a batch shipped in {len(parts)} shards for {self.world_size} {self.role} ranks")
-        return parts
+        """One shard per rank: a Shipped batch's references, else the batch cut here (one per data-parallel group,
+        the same for each of its ranks)."""
+        parts = batch.refs if isinstance(batch, Shipped) else shards(batch, self.data_parallel)
+        if len(parts) != self.data_parallel:
+            raise ValueError(f"a batch shipped in {len(parts)} shards for {self.data_parallel} {self.role} "
+                             "data-parallel groups")
+        return [parts[i // self.split] for i in range(self.world_size)]
 
     def _scatter(self, call: Callable, batch: Batch | Shipped) -> list:
-        return self._wait([call(a, shard) for a, shard in zip(self.actors, self._shards(batch))])
+        """Per-row results of every data-parallel group, in row order (a group's first rank's)."""
+        got = self._wait([call(a, shard) for a, shard in zip(self.actors, self._shards(batch))])
+        return got[::self.split]
 
     def _all(self, call: Callable) -> list:
         return self._wait([call(a) for a in self.actors])
@@ -48,7 +58,7 @@ class ActorGroup:
     # ---- typed methods ----
     def ship(self, batch: Batch) -> Shipped:
         """`batch` in the object store, one shard per rank, for every call of a step (common.remote.ship)."""
-        return ship(batch, self.world_size)
+        return ship(batch, self.data_parallel)
 
     def train_step(self, batch: Batch | Shipped, algo=None, mini_batches: int = 0,
                    extra: Optional[Batch] = None) -> dict[str, float]:
@@ -59,13 +69,13 @@ class ActorGroup:
         mini-batches are dealt to the ranks by length (actors/batching/packing.py: deal_by_length), so no rank waits
         for one that got the long rows."""
         extra = extra or {}
-        if mini_batches and self.world_size > 1:
+        if mini_batches and self.data_parallel > 1:
             rows = {**(batch.batch if isinstance(batch, Shipped) else batch), **extra}
-            order = deal_by_length(rows["attention_mask"].sum(1), self.world_size, mini_batches)
+            order = deal_by_length(rows["attention_mask"].sum(1), self.data_parallel, mini_batches)
             batch, extra = {k: v[order] for k, v in rows.items()}, {}
-        extras = shards(extra, self.world_size) if extra else [None] * self.world_size
-        return self._wait([a.train_step.remote(shard, algo, more)
-                           for a, shard, more in zip(self.actors, self._shards(batch), extras)])[0]
+        extras = shards(extra, self.data_parallel) if extra else [None] * self.data_parallel
+        return self._wait([a.train_step.remote(shard, algo, extras[i // self.split])
+                           for i, (a, shard) in enumerate(zip(self.actors, self._shards(batch)))])[0]
 
     def compute_logprobs(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_logprobs.remote(b), batch))

@@ -21,16 +21,19 @@ SAFETY = 0.7  # the share of the free memory a step plans to use: allocator cach
 @dataclass(frozen=True)
 class Shape:
     """What a step's activations scale with: decoder layers, hidden and MLP widths, attention heads, the bytes of an
-    activation, and whether attention keeps (heads, T, T) probabilities for the backward."""
+    activation, whether attention keeps (heads, T, T) probabilities for the backward, and the ranks a sequence is
+    split over (trainer.sequence_parallel_size: each holds 1/split of the tokens, and of the heads in attention)."""
     layers: int
     hidden: int
     intermediate: int
     heads: int
     act_bytes: int
     quadratic: bool
+    split: int = 1
 
     @classmethod
-    def of(cls, config, act_bytes: int, attn_implementation: Optional[str], on_cuda: bool) -> Optional["Shape"]:
+    def of(cls, config, act_bytes: int, attn_implementation: Optional[str], on_cuda: bool,
+           split: int = 1) -> Optional["Shape"]:
         """From a transformers config (its text config for a multimodal one); None when it does not say."""
         config = getattr(config, "text_config", None) or config
         try:
@@ -42,16 +45,18 @@ class Shape:
         # flash and memory-efficient kernels (sdpa on CUDA) keep O(T) per head; eager, and sdpa's math path on CPU,
         # keep the probabilities
         quadratic = attn_implementation == "eager" or not on_cuda
-        return cls(layers, hidden, intermediate, heads, act_bytes, quadratic)
+        return cls(layers, hidden, intermediate, heads, act_bytes, quadratic, split)
 
     def row_bytes(self, tokens: int, checkpointing: bool) -> float:
-        """What the backward keeps for one row of `tokens` (padded) tokens."""
-        per_layer = tokens * self.act_bytes * (6 * self.hidden + 3 * self.intermediate)  # matmul/norm/MLP inputs
+        """What the backward keeps on this rank for one row of `tokens` (padded) tokens."""
+        local = -(-tokens // self.split)
+        per_layer = local * self.act_bytes * (6 * self.hidden + 3 * self.intermediate)  # matmul/norm/MLP inputs
         if self.quadratic:  # the softmax's output, kept for its backward: in fp32, and a 16-bit copy beside it
-            per_layer += tokens * tokens * self.heads * (4 if self.act_bytes == 4 else 4 + self.act_bytes)
+            kept = 4 if self.act_bytes == 4 else 4 + self.act_bytes
+            per_layer += tokens * tokens * (self.heads // self.split) * kept
         if not checkpointing:
             return self.layers * per_layer
-        return self.layers * tokens * self.hidden * self.act_bytes + per_layer  # layer inputs + one layer at a time
+        return self.layers * local * self.hidden * self.act_bytes + per_layer  # layer inputs + one layer at a time
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,8 @@ class MemoryPlanner:
         config does not give its shape)."""
         on_cuda = getattr(device, "type", str(device)) == "cuda"
         attn = tr.attn_implementation or getattr(model.config, "_attn_implementation", None)
-        shape = Shape.of(model.config, 4 if precision == "fp32" else 2, attn, on_cuda) if tr.plan_memory else None
+        shape = (Shape.of(model.config, 4 if precision == "fp32" else 2, attn, on_cuda, tr.sequence_parallel_size)
+                 if tr.plan_memory else None)
         ranks_here = 1 if on_cuda else world_size  # (on CPU every rank steps at once on the one node)
         return None if shape is None else cls(model, shape, device, ranks_here, tr.gradient_checkpointing, rank)
 

@@ -91,7 +91,7 @@ class PolicyTrainer:
         the weights are still those that generated the rollout, the old log-probs are this forward's own (detached;
         ratio 1, the same gradient), and a separate forward pass is saved."""
         fused = "old_logprobs" not in batch
-        if fused and (algo.ppo_epochs != 1 or len(batch["input_ids"]) * self.ds.world_size != self.cfg.batch_size):
+        if fused and (algo.ppo_epochs != 1 or len(batch["input_ids"]) * self.ds.data_parallel != self.cfg.batch_size):
             raise ValueError("rl_step without old_logprobs needs ppo_epochs == 1 and one mini-batch per rollout")
 
         kl_coef = algo.kl_coef if algo.kl_mode() == "loss" else 0.0

@@ -64,7 +64,11 @@ class TrainerConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this
     # DeepSpeed ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + parameters sharded
     zero_stage: int = one_of(0, 1, 2, 3)
-    world_size: int = 1  # data-parallel ranks (stage rl); each is a Ray actor
+    world_size: int = 1  # trainer ranks (stage rl), each a Ray actor: data-parallel x sequence-parallel
+    # Ulysses sequence parallelism: each sequence's tokens split over this many ranks (of world_size; they train the
+    # same rows), attention heads exchanged by all-to-all (actors/sequence_parallel.py). For sequences one rank
+    # cannot hold; must divide world_size and the model's attention heads
+    sequence_parallel_size: int = 1
     max_bad_steps: int = 3  # stop after this many consecutive steps with a NaN/Inf loss or grad norm; 0 = never
     offload: bool = False  # stage rl: DeepSpeed states to CPU while rollout runs (GPU colocation; ZeRO 1-3)
     # micro-batches by padded tokens (rows x longest row) instead of micro_batch_size rows: as many rows as fit,

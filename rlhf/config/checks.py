@@ -55,7 +55,9 @@ def check_model(cfg: RunConfig, p: Problems) -> None:
 
 def check_trainer(cfg: RunConfig, p: Problems) -> None:
     tr = cfg.trainer
-    p.positives("trainer", tr, ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip", "world_size"))
+    p.positives("trainer", tr, ("lr", "batch_size", "micro_batch_size", "max_steps", "grad_clip", "world_size",
+                                "sequence_parallel_size"))
+    check_sequence_parallel(cfg, p)
     if tr.warmup_steps < 0 or tr.weight_decay < 0 or tr.max_bad_steps < 0:
         p.bad("trainer.warmup_steps/weight_decay/max_bad_steps", (tr.warmup_steps, tr.weight_decay,
                                                                   tr.max_bad_steps), "must be >= 0")
@@ -71,9 +73,10 @@ def check_trainer(cfg: RunConfig, p: Problems) -> None:
               "sdpa or eager attention (its 4D mask); set it to false or change those")
     if tr.attn_implementation is not None and "/" not in tr.attn_implementation:  # a/b: a kernel from the Hub
         p.choice("trainer.attn_implementation", tr.attn_implementation, ATTN_IMPLEMENTATIONS)
-    if tr.micro_batch_size > 0 and tr.world_size > 0 and tr.batch_size % (tr.micro_batch_size * tr.world_size):
-        p.bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x "
-              f"trainer.world_size = {tr.micro_batch_size * tr.world_size}")
+    dp = tr.world_size // tr.sequence_parallel_size if tr.sequence_parallel_size > 0 else tr.world_size
+    if tr.micro_batch_size > 0 and dp > 0 and tr.batch_size % (tr.micro_batch_size * dp):
+        p.bad("trainer.batch_size", tr.batch_size, f"must be a multiple of trainer.micro_batch_size x the "
+              f"data-parallel ranks (trainer.world_size / sequence_parallel_size) = {tr.micro_batch_size * dp}")
     if cfg.stage != "rl" and tr.world_size != 1:
         p.bad("trainer.world_size", tr.world_size, f"the {cfg.stage} stage trains in one process; set it to 1")
     if cfg.placement.num_gpus < 0:
@@ -88,6 +91,28 @@ def check_trainer(cfg: RunConfig, p: Problems) -> None:
     if tr.offload and tr.zero_stage == 3 and cfg.placement.num_gpus == 0:
         p.bad("trainer.offload", True, "ZeRO-3 offloads only with DeepSpeed's FusedAdam, a GPU op; on CPU there is "
               "nothing to free anyway: set offload=false (or zero_stage 1-2)")
+
+
+def check_sequence_parallel(cfg: RunConfig, p: Problems) -> None:
+    """What splitting sequences (actors/sequence_parallel.py) cannot compose with; the model's heads are checked
+    against the size before the workers start (rlhf/rl/preflight.py)."""
+    tr = cfg.trainer
+    if tr.sequence_parallel_size <= 1:
+        return
+    if cfg.stage != "rl":
+        p.bad("trainer.sequence_parallel_size", tr.sequence_parallel_size, f"the {cfg.stage} stage trains in one "
+              "process; sequences are split over the ranks of stage rl (set it to 1)")
+    elif tr.world_size % tr.sequence_parallel_size:
+        p.bad("trainer.sequence_parallel_size", tr.sequence_parallel_size, f"must divide trainer.world_size = "
+              f"{tr.world_size} (each group of that many ranks trains the same rows)")
+    for key, why in (("packing", "restarting position ids inside a row"),
+                     ("shared_prefix", "a 4D attention mask")):
+        if getattr(tr, key):
+            p.bad(f"trainer.{key}", True, f"needs {why}, and a split sequence attends causally without a mask; set "
+                  f"it to false, or trainer.sequence_parallel_size=1")
+    if tr.attn_implementation == "eager":
+        p.bad("trainer.attn_implementation", "eager", "keeps a (T, T) mask per row, which a split sequence does not "
+              "carry; use sdpa (or a flash kernel on GPU) with trainer.sequence_parallel_size > 1")
 
 
 def check_preference(cfg: RunConfig, p: Problems) -> None:

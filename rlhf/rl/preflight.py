@@ -22,7 +22,29 @@ def problems(cfg: RunConfig) -> list[str]:
     p = Problems()
     check_user_code(cfg, p)
     check_gpu_software(cfg, p)
+    check_sequence_split(cfg, p)
     return p.found
+
+
+def check_sequence_split(cfg: RunConfig, p: Problems) -> None:
+    """trainer.sequence_parallel_size against the model: Ulysses gives each rank whole attention heads."""
+    size = cfg.trainer.sequence_parallel_size
+    if size <= 1:
+        return
+    from actors.sequence_parallel import refusal
+    if cfg.model.path is None:  # the tiny model, built later from model.tiny
+        from types import SimpleNamespace
+        t = cfg.model.tiny
+        config = SimpleNamespace(num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads)
+    else:
+        from transformers import AutoConfig
+        try:
+            config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        except Exception:  # (the model folder's own check says what is wrong with it)
+            return
+    why = refusal(config, cfg.trainer.attn_implementation, size)
+    if why is not None:
+        p.bad("trainer.sequence_parallel_size", size, f"cannot split {cfg.model.path or 'the tiny model'}: {why}")
 
 
 def check_user_code(cfg: RunConfig, p: Problems) -> None:

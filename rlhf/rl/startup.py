@@ -88,6 +88,7 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     reward_model, reference, teacher = start_scorers(cfg, model_path, placement, ranks, common)
     policy = None if shares_gpu and hybrid else start_policy()
     critic = (ActorGroup(Critic, "critic", cfg.trainer.world_size, placement.options["critic"],
+                         sequence_parallel=cfg.trainer.sequence_parallel_size,
                          model_path=model_path, tr=replace(cfg.trainer, lr=cfg.algorithm.critic_lr),
                          seed=cfg.seed, **common) if "critic" in ranks else None)
     for scorer in (reward_model, reference, teacher):  # (ActorGroups wait for their ranks already)
@@ -126,6 +127,7 @@ def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, co
     if hybrid_engine is not None:
         cls, extra = HybridWorker, dict(engine_cls=hybrid_engine[0], engine_kwargs=hybrid_engine[1])
     return ActorGroup(cls, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
+                      sequence_parallel=cfg.trainer.sequence_parallel_size,
                       model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=cfg.model.lora,
                       logprob_temperature=logprob_temperature(cfg), **common, **extra)
 

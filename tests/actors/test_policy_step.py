@@ -66,7 +66,7 @@ def test_zero3_builds_the_model_in_shards(tiny_model_dir):
 
     from actors.dist import init_deepspeed_distributed
     from actors.ds_guards import zero3_loading
-    from actors.ds_model import deepspeed_config
+    from actors.ds_config import deepspeed_config
 
     init_deepspeed_distributed(0, 1, "127.0.0.1", None)
     for stage in (2, 3):

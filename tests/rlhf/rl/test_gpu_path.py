@@ -23,7 +23,7 @@ def test_zero3_offload_optimizer_is_exactly_fused_adam_and_still_skips(monkeypat
 
     import deepspeed.ops.adam.fused_adam as fused
 
-    from actors.ds_model import make_optimizer
+    from actors.ds_config import make_optimizer
     from common.schema import TrainerConfig
 
     calls = []
@@ -45,7 +45,7 @@ def test_zero3_offload_optimizer_is_exactly_fused_adam_and_still_skips(monkeypat
 
 
 def test_adamw_path_is_plain_adamw_and_a_skipped_step_moves_nothing():
-    from actors.ds_model import make_optimizer
+    from actors.ds_config import make_optimizer
     from common.schema import TrainerConfig
 
     p = torch.nn.Parameter(torch.ones(4))
@@ -159,7 +159,7 @@ def test_the_weight_reload_goes_through_the_workers_own_method():
 
 
 def test_deepspeed_config_keeps_torchs_linear():
-    from actors.ds_model import deepspeed_config
+    from actors.ds_config import deepspeed_config
     from common.schema import TrainerConfig
 
     assert deepspeed_config(TrainerConfig(zero_stage=3), "bfloat16", 1)["zero_optimization"][
