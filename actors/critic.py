@@ -44,6 +44,9 @@ class Critic:
     def offload(self) -> None:
         self.ds.offload()
 
+    def memory_plan(self, tokens: int) -> Optional[str]:
+        return self.ds.plan_preview(tokens)
+
     @releases_gpu_cache
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.ds.inference(batch, _values)

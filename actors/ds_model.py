@@ -97,6 +97,12 @@ class DSModel:
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
 
+    def plan_preview(self, tokens: int) -> Optional[str]:
+        """trainer.plan_memory's choice for micro-batches of rows `tokens` long (None: planning is off)."""
+        cfg = self.cfg
+        return None if self.planner is None else \
+            self.planner.preview(tokens, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch)
+
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module

@@ -86,6 +86,10 @@ class ActorGroup:
     def compute_values(self, batch: Batch | Shipped) -> torch.Tensor:
         return torch.cat(self._scatter(lambda a, b: a.compute_values.remote(b), batch))
 
+    def memory_plan(self, tokens: int) -> Optional[str]:
+        """Rank 0's memory plan for rows of `tokens` tokens (trainer.plan_memory), before any step; None when off."""
+        return self._wait([self.actors[0].memory_plan.remote(tokens)])[0]
+
     def offload(self) -> None:
         """Every rank moves its DeepSpeed states to CPU until its next call (trainer.offload)."""
         self._all(lambda a: a.offload.remote())

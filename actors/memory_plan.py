@@ -165,6 +165,14 @@ class MemoryPlanner:
         self.said, self.tokens = (tokens, gc), tokens
         return tokens
 
+    def preview(self, tokens: int, rows: int, max_tokens: Optional[int]) -> str:
+        """What a step of `rows` rows of `tokens` tokens would choose now, said before the first step (nothing is
+        changed: each step still plans from its own rows)."""
+        plan = plan_step(self.shape, [tokens] * rows, rows, free_bytes(self.device, self.ranks_here),
+                         self.checkpointing, max_tokens)
+        where = getattr(self.device, "type", str(self.device))
+        return f"on {where}, rows of {tokens} tokens: " + describe(plan, rows, tokens).removeprefix("memory plan: ")
+
     def metrics(self) -> dict[str, float]:
         """The plan the last step ran, for the driver to log (a Ray worker's own prints stay in its log)."""
         return {"train/planned_tokens": float(self.tokens or 0), "train/checkpointing": float(self.checkpointing)}

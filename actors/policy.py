@@ -140,6 +140,9 @@ class PolicyTrainer:
     def offload(self) -> None:
         self.ds.offload()
 
+    def memory_plan(self, tokens: int) -> Optional[str]:
+        return self.ds.plan_preview(tokens)
+
     def matmul_dtype(self) -> str:
         """The dtype this rank's matmuls run in: its weights', or bf16 under bf16-mixed's autocast."""
         dtype = torch.bfloat16 if self.ds.precision == "bf16-mixed" else next(self.model.parameters()).dtype

@@ -3,6 +3,8 @@ the log-probs from full logits against trainer.chunked_logprobs (actors.logits.D
 
     python benchmarks/long_sequences.py [--models tiny-152k,smollm2] [--lengths 256,1024,4096,8192] [--group 8]
                                         [--cap-gib 12] [--paths full,chunked,chunked+gc] [--repeats 1]
+    python benchmarks/long_sequences.py --models tiny-152k,qwen --lengths 2048,8192,16384 --group 1
+                                        --paths chunked+gc,chunked+gc+sp2      # sequence parallelism, SP=1 vs 2
 
 One group of `--group` completions of each length after one 64-token prompt (`--groups` of them), in one
 micro-batch (as a user with micro_batch_size = the rows would run it), bf16 weights (trainer.precision bf16-true).
@@ -106,9 +108,18 @@ def peaks(call, repeats: int) -> list[Peak]:
     return out
 
 
-def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1) -> dict:
+def split_of(path: str) -> int:
+    """trainer.sequence_parallel_size of a path (+spN), 1 without."""
+    found = re.search(r"\+sp(\d+)", path)
+    return int(found[1]) if found else 1
+
+
+def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1,
+                rank: int = 0, port: int = 0) -> dict:
     """In this process: `repeats` rl_steps and reference passes of the group; the median seconds and the largest
-    peak extra bytes of each (the first call pays one-time costs, so a speed needs repeats > 1)."""
+    peak extra bytes of each (the first call pays one-time costs, so a speed needs repeats > 1). Under +spN this is
+    rank `rank` of N processes that split each sequence (the group on `port`); the reference, one process in a
+    run, is not measured there."""
     import statistics
 
     from actors.policy import PolicyTrainer
@@ -122,11 +133,16 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
     tr = TrainerConfig(lr=1e-5, batch_size=rows, micro_batch_size=rows, warmup_steps=0,
                        chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
                        shared_prefix="+shared" in path, max_tokens_per_micro_batch=budget and int(budget[1]),
-                       plan_memory="+plan" in path)
-    trainer = PolicyTrainer(folder, tr, dtype="bfloat16")
+                       plan_memory="+plan" in path, world_size=split_of(path),
+                       sequence_parallel_size=split_of(path))
+    trainer = PolicyTrainer(folder, tr, dtype="bfloat16", rank=rank, world_size=split_of(path),
+                            master_port=port or None)
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
     del trainer
+    if split_of(path) > 1:
+        return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
+                    step_total_gib=max(p.top for p in steps) / 2**30, ref_s=float("nan"), ref_gib=float("nan"))
     reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked,
                                max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch)
     refs = peaks(functools.partial(reference.compute_logprobs, batch), repeats)
@@ -137,29 +153,36 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
 
 def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1,
             repeats: int = 1) -> dict:
-    """`measure_one` in a child process, stopped if its RSS passes `cap` GiB."""
+    """`measure_one` in a child process (one per rank under +spN, the machine's cores shared between them), each
+    stopped if its RSS passes `cap` GiB; a split step reports its slowest and largest rank."""
     import psutil
 
-    code = (f"import json; from benchmarks.long_sequences import measure_one; "
-            f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, {groups}, {repeats})))")
-    env = dict(os.environ, PYTHONPATH=python_path(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watched, over = psutil.Process(proc.pid), False
-    while proc.poll() is None:
-        try:
-            over = watched.memory_info().rss > cap * 2**30
-        except psutil.Error:
-            pass
-        if over:
-            proc.kill()
-            break
+    from common.net import free_port
+    ranks, port = split_of(path), free_port()
+    threads = str(max(1, (os.cpu_count() or 1) // ranks))
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS=threads)
+    procs = [subprocess.Popen([sys.executable, "-c", "import json; from benchmarks.long_sequences import measure_one; "
+                               f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, "
+                               f"{groups}, {repeats}, {rank}, {port})))"], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(ranks)]
+    over = False
+    while any(p.poll() is None for p in procs) and not over:
+        for p in procs:
+            try:
+                over = over or psutil.Process(p.pid).memory_info().rss > cap * 2**30
+            except psutil.Error:
+                pass
         time.sleep(0.2)
-    out, err = proc.communicate()
-    rows = [line for line in out.splitlines() if line.startswith("ROW ")]
-    if over or proc.returncode != 0 or not rows:
-        return dict(failed=f"over {cap:g} GiB" if over else f"exit {proc.returncode}: {err.strip()[-300:]}")
-    return json.loads(rows[-1][4:])
+    for p in procs:
+        if over:
+            p.kill()
+    got = [p.communicate() for p in procs]
+    rows = [[line for line in out.splitlines() if line.startswith("ROW ")] for out, _ in got]
+    if over or any(p.returncode != 0 for p in procs) or not all(rows):
+        err = next((e for p, (_, e) in zip(procs, got) if p.returncode != 0), got[0][1])
+        return dict(failed=f"over {cap:g} GiB" if over else f"exit {procs[0].returncode}: {err.strip()[-300:]}")
+    each = [json.loads(r[-1][4:]) for r in rows]
+    return {k: max(r[k] for r in each) for k in each[0]}
 
 
 def main() -> None:
@@ -169,7 +192,8 @@ def main() -> None:
     p.add_argument("--paths", default="full,chunked,chunked+gc",
                    help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
                         "trainer.shared_prefix (+shared), + trainer.max_tokens_per_micro_batch N (+mbN), + "
-                        "trainer.plan_memory (+plan; off otherwise, so a path means what it always did)")
+                        "trainer.plan_memory (+plan; off otherwise, so a path means what it always did), + "
+                        "trainer.sequence_parallel_size N (+spN: N processes, one rank each, sharing the cores)")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")
     p.add_argument("--cap-gib", type=float, default=12.0)

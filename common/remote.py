@@ -3,7 +3,7 @@ batch put into the object store once for all of a step's calls (`ship`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from common.batch import Batch, shards
 
@@ -16,6 +16,7 @@ class WorkerDied(RuntimeError):
     def __init__(self, message: str, role: str = "", died: bool = False, raised: bool = False):
         super().__init__(message)
         self.role, self.died, self.raised = role, died, raised
+        self.out_of_memory = message.endswith(MEMORY_HINT)
 
 
 def task_error_cause(error: Exception) -> str:
@@ -83,7 +84,9 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
         try:
             ray.get(ready[0])
         except RayActorError as e:
-            raise WorkerDied(memory_hint(f"{role_of[ready[0]]} died: {e}"), role_of[ready[0]], died=True) from None
+            killed = memory_kill(str(e))  # Ray's paragraph and its top-10 table, as one clause
+            raise WorkerDied(memory_hint(f"{role_of[ready[0]]} died: {killed or e}"), role_of[ready[0]],
+                             died=True) from None
         except RayTaskError as e:
             raise WorkerDied(memory_hint(f"{role_of[ready[0]]} raised {task_error_cause(e)}"), role_of[ready[0]],
                              raised=True) from None
@@ -92,7 +95,8 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
 
 MEMORY_HINT = ("it ran out of memory. What lowers it: trainer.max_tokens_per_micro_batch (or a smaller "
                "trainer.micro_batch_size), trainer.gradient_checkpointing=true, trainer.chunked_logprobs=true (if "
-               "off), shorter rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or "
+               "off), trainer.plan_memory=true (if off), trainer.sequence_parallel_size (more ranks a sequence), "
+               "shorter rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or "
                "trainer.offload=true; for a rollout engine, rollout.max_model_len and its memory share "
                "(rollout.gpu_memory_utilization, rollout.kv_cache_mb on CPU) (docs/configuration.md)")
 
@@ -104,6 +108,21 @@ def memory_hint(message: str) -> str:
     if re.search(r"out of memory|OutOfMemory|memory pressure|\bOOM\b", message, re.IGNORECASE):
         return f"{message}. {MEMORY_HINT}"
     return message
+
+
+def memory_kill(text: str) -> Optional[str]:
+    """Ray's memory monitor's report of a worker it killed ("... where the task (actor ID: ..., pid=..., memory
+    used=20.21GB) was running was 22.80GB / 24.00GB (0.95), which exceeds the memory usage threshold ...", then a
+    table of the node's top processes) as one clause; None for any other death."""
+    import re
+    found = re.search(r"memory used=([\d.]+\s*[KMGT]?B)\).*? was running was ([\d.]+\s*[KMGT]?B) / ([\d.]+\s*[KMGT]?B)",
+                      text, re.DOTALL)
+    if found:
+        return (f"killed by Ray's memory monitor when it held {found[1]} and the node {found[2]} of "
+                f"{found[3]} (out of memory)")
+    if re.search(r"low on memory|memory pressure", text):
+        return "killed by Ray's memory monitor: the node ran low on memory (out of memory)"
+    return None
 
 
 def python_path(*first: str) -> str:

@@ -93,6 +93,10 @@ class RLController:
             r.sync_channel, cfg.placement.mode, cfg.placement.num_gpus, r.num_engines, cfg.trainer.world_size)
         self._setup_sync()
         print(f"weight sync: {self.channel}", flush=True)
+        for role, group in (("policy trainer", w.policy), ("critic", w.critic)):  # at the longest rows allowed
+            said = group.memory_plan(r.max_model_len) if group is not None else None
+            if said is not None:
+                print(f"memory plan, {role} (trainer.plan_memory): {said}", flush=True)
         self.startup["time/start_engines"] += time.perf_counter() - engines_start
 
     def _setup_sync(self) -> None:
@@ -124,6 +128,7 @@ class RLController:
         # token-budget micro-batches: each mini-batch's rows are dealt to the ranks by length
         mini_batches = len(rollout.input_ids) // self.cfg.trainer.batch_size \
             if self.cfg.trainer.max_tokens_per_micro_batch else 0
+        self.step_shape = f"{len(rollout.input_ids)} rows x {rollout.input_ids.shape[1]} tokens"  # (said if OOM)
         with t("train"):
             metrics.update(self.workers.policy.train_step(shipped, a, mini_batches,
                                                   extra=self._policy_inputs(scores, advantages)))
@@ -354,7 +359,8 @@ def run_rl(cfg: RunConfig) -> dict[str, float]:
         controller = RLController(cfg)  # inside: a worker failing at start-up is reported as one failing later
         return controller.fit()
     except WorkerDied as e:
-        raise TrainingStopped(worker_died(e, checkpoint.latest(cfg.output_dir))) from None
+        step = getattr(controller, "step_shape", "")
+        raise TrainingStopped(worker_died(e, checkpoint.latest(cfg.output_dir), step)) from None
     finally:
         if controller is not None:
             controller.close()

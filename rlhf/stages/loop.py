@@ -279,12 +279,17 @@ def run_loop(cfg: RunConfig, step_fn: Callable[[int], dict], eval_fn: Callable[[
         logger.close()
 
 
-def worker_died(error: Exception, last_checkpoint) -> str:
+def worker_died(error: Exception, last_checkpoint, step: str = "") -> str:
     """One paragraph for a worker that failed mid-run: which one, the cause, and how to go on. "Rerun" is advised
-    for a death or a timeout only: a worker that raised would raise again."""
+    for a death or a timeout only: a worker that raised would raise again. `step`: what the step in progress held
+    ("16 rows x 2112 tokens"), said where the worker ran out of memory."""
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     where = f"The last checkpoint, {last_checkpoint}, is intact" if last_checkpoint else \
         "No checkpoint was written yet"
+    if getattr(error, "out_of_memory", False):
+        held = f" The step held {step}." if step else ""
+        return (f"{str(error).rstrip('. ')}.{held} {where}; with one of those keys changed, rerun the same command "
+                f"to {'resume from it' if last_checkpoint else 'start again'}.")
     if getattr(error, "raised", False):
         after = f"{where}; once fixed, a rerun resumes from it." if last_checkpoint else f"{where}."
         return (f"{str(error).rstrip('. ')}. The worker raised this error itself (it did not crash), so rerunning "

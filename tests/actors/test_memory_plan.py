@@ -66,6 +66,24 @@ def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointin
     assert planned.model.is_gradient_checkpointing and "gradient checkpointing on" in capsys.readouterr().out
 
 
+def test_before_the_first_step_a_trainer_says_the_plan_for_the_longest_rows_and_changes_nothing(tiny_model_dir,
+                                                                                               monkeypatch):
+    import actors.memory_plan as memory_plan
+
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
+    trainer = PolicyTrainer(tiny_model_dir, tr)
+    one_row = trainer.ds.planner.shape.row_bytes(256, False)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 4 * one_row / memory_plan.SAFETY)
+    said = trainer.memory_plan(256)
+    assert said.startswith("on cpu, rows of 256 tokens: micro-batches of 1024 padded tokens (4 row(s) of 256)")
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 0.5 * one_row / memory_plan.SAFETY)
+    assert "gradient checkpointing on" in trainer.memory_plan(256)
+    assert not trainer.model.is_gradient_checkpointing  # a preview: each step still plans from its own rows
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 64 * one_row / memory_plan.SAFETY)
+    assert "micro-batches of 16 rows" in trainer.memory_plan(256)
+    assert PolicyTrainer(tiny_model_dir, TrainerConfig(plan_memory=False)).memory_plan(256) is None
+
+
 def test_the_run_says_when_the_trainers_plan_changes_and_not_every_step():
     """The trainers' own prints stay in Ray's logs: the controller says each change of the plan they report."""
     from rlhf.rl.controller import RLController

@@ -16,6 +16,8 @@ def test_a_two_rank_sequence_parallel_grpo_step_equals_the_one_rank_step(sft_mod
                       "trainer.max_steps=1", "eval.every=0", "rollout.prompts_per_step=16", "trainer.batch_size=128",
                       "checkpoint.every=0", timeout=600)
         assert res.returncode == 0, res.stderr[-3000:]
+        # said before the first step, at the longest rows the engines accept (rollout.max_model_len)
+        assert "memory plan, policy trainer (trainer.plan_memory): on cpu, rows of 256 tokens:" in res.stdout
         runs[world] = read_metrics(str(out))[-1]
     one, split = runs[1], runs[2]
     assert split["step"] == one["step"] == 1
