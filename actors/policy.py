@@ -246,12 +246,14 @@ class PolicyTrainer:
         return node_address()
 
     def open_sender(self, channel: str, host: str, port: int, plan: list[list[TensorSpec]], world_size: int = 0,
-                    engines: Optional[list[int]] = None, verify: bool = False, local_engine=None) -> dict:
+                    engines: Optional[list[int]] = None, verify: bool = False, local_engine=None,
+                    workers: int = 1) -> dict:
         """Join the trainer -> engines channel (rollout.sync.setup_sync) with the bucket plan every later sync
         uses. ipc: returns the staging-buffer handles of the engines this rank feeds. `local_engine`: the engine in
-        this process that the `local` channel hands the tensors to (actors.hybrid)."""
+        this process that the `local` channel hands the tensors to (actors.hybrid). `workers`: each engine's
+        tensor-parallel workers, each a receiver."""
         self._sender = WeightSender(channel, self.rank, host, port, plan, world_size, engines or [],
-                                    local_engine=local_engine, verify=verify)
+                                    local_engine=local_engine, verify=verify, workers=workers)
         return self._sender.handles()
 
     def sync_fingerprints(self) -> dict:

@@ -278,6 +278,9 @@ class PlacementConfig:
 class RolloutConfig:
     engine: str = one_of(*ENGINES)  # hf = transformers generate, for hosts without vLLM
     num_engines: int = 1  # rollout engines, each a Ray actor (data parallel: prompts are split across them)
+    # vLLM tensor parallelism: each engine's weights split over this many workers (vLLM's multiprocess executor; on
+    # CPU one core each, docs/configuration.md); for models one device cannot hold. Divides the attention heads
+    tensor_parallel_size: int = 1
     prompts_per_step: int = 16  # prompts each step samples from; n_samples completions each
     n_samples: int = 8  # completions per prompt
     temperature: float = 1.0  # sampling temperature of the rollouts

@@ -14,7 +14,7 @@ def check_rl(cfg: RunConfig, p: Problems) -> None:
         p.bad("algorithm.oversample", a.oversample, "must be >= 1 (prompts generated per round / prompts_per_step)")
     p.positives("algorithm", a, ("clip_low", "clip_high", "ppo_epochs"))
     p.positives("rollout", r, ("num_engines", "prompts_per_step", "n_samples", "max_new_tokens", "sync_bucket_mb",
-                               "chunk_tokens"))
+                               "chunk_tokens", "tensor_parallel_size"))
     if r.timeout_s is not None:
         p.positive("rollout.timeout_s", r.timeout_s)
     if r.verify_sync_every < 0:
@@ -29,7 +29,8 @@ def check_rl(cfg: RunConfig, p: Problems) -> None:
     if cfg.trainer.batch_size > 0 and rollout_batch % cfg.trainer.batch_size:
         p.bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step "
               f"x rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
-    for part in (check_objective, check_corrections, check_async, check_env, check_agent, check_sync):
+    for part in (check_objective, check_corrections, check_async, check_env, check_agent, check_sync,
+                 check_tensor_parallel):
         part(cfg, p)
 
 
@@ -137,6 +138,21 @@ def check_sync(cfg: RunConfig, p: Problems) -> None:
         p.bad("trainer.offload", True, "under placement.mode=split nothing shares the trainer's GPUs, so moving its "
               "states to the CPU and back each step only costs time: set trainer.offload=false (offloading is for "
               "colocate and hybrid)")
+
+
+def check_tensor_parallel(cfg: RunConfig, p: Problems) -> None:
+    """rollout.tensor_parallel_size: vLLM's own workers in processes of the engine's; on GPUs they need whole GPUs
+    of the engine's own (placement.mode=split). The model's heads are checked before the workers start."""
+    r, pl = cfg.rollout, cfg.placement
+    if r.tensor_parallel_size <= 1:
+        return
+    if r.engine != "vllm":
+        p.bad("rollout.tensor_parallel_size", r.tensor_parallel_size, "splits a vLLM engine; the hf engine holds "
+              "whole models: set rollout.engine=vllm, or tensor_parallel_size=1")
+    elif pl.mode == "hybrid" or (pl.num_gpus > 0 and pl.mode != "split"):
+        p.bad("rollout.tensor_parallel_size", r.tensor_parallel_size, f"an engine's tensor-parallel workers take "
+              f"GPUs of their own, and placement.mode={pl.mode} shares one GPU a rank between roles: set "
+              "placement.mode=split (rollout.num_engines x tensor_parallel_size GPUs for the engines)")
 
 
 def check_hybrid(cfg: RunConfig, p: Problems) -> None:

@@ -105,7 +105,8 @@ class RLController:
         if self.channel != "adapter":
             self.channel = setup_sync(self.channel, self.workers.policy.actors, self.workers.rollout, self.plan,
                                       self.cfg.rollout.sync_channel == "ipc",
-                                      verify=self.cfg.rollout.verify_sync_every > 0)
+                                      verify=self.cfg.rollout.verify_sync_every > 0,
+                                      workers=self.cfg.rollout.tensor_parallel_size)
 
     def _engine_restarted(self, engine: int) -> None:
         """Ray restarted a dead engine with the weights it started with: bring it to the trainer's."""

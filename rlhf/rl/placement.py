@@ -5,14 +5,19 @@
 GPUs, so the same logic runs (and is tested) without CUDA."""
 from __future__ import annotations
 
+from typing import Optional
+
 from common.errors import UserError
 
 
-def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[list[dict], dict[str, list[tuple]]]:
-    """Bundles for one placement group and, per role, each rank's (bundle index, GPU fraction).
+def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int],
+                   gpus_per_rank: Optional[dict[str, int]] = None) -> tuple[list[dict], dict[str, list[tuple]]]:
+    """Bundles for one placement group and, per role, each rank's (bundle index, GPUs it asks for).
 
-    ranks: role -> number of actors, e.g. {"policy": 2, "rollout": 2}. Pure: no Ray calls.
+    ranks: role -> number of actors, e.g. {"policy": 2, "rollout": 2}. `gpus_per_rank` (split only): a role whose
+    actors each take several whole GPUs (a tensor-parallel engine: rollout -> its size). Pure: no Ray calls.
     """
+    per = {role: (gpus_per_rank or {}).get(role, 1) for role in ranks}
     if mode in ("colocate", "hybrid"):
         if max(ranks.values()) > num_gpus:
             raise UserError(f"placement.num_gpus = {num_gpus}: {mode} needs one GPU per rank of the largest "
@@ -23,14 +28,18 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int]) -> tuple[lis
         return ([{"GPU": 1, "CPU": 0.5 * len(ranks)} for _ in range(num_gpus)],
                 {role: [(i, share) for i in range(n)] for role, n in ranks.items()})
     if mode == "split":
-        if sum(ranks.values()) > num_gpus:
-            raise UserError(f"placement.num_gpus = {num_gpus}: split placement needs one GPU per rank of every role "
-                            f"({sum(ranks.values())} for {ranks}); raise num_gpus or use placement.mode=colocate")
-        out, next_bundle = {}, 0
+        need = sum(n * per[role] for role, n in ranks.items())
+        if need > num_gpus:
+            layout = ", ".join(f"{n} {role}" + (f" x {per[role]} GPUs" if per[role] > 1 else "")
+                               for role, n in ranks.items())
+            raise UserError(f"placement.num_gpus = {num_gpus}: split placement needs whole GPUs for every rank of "
+                            f"every role ({need} for {layout}); raise num_gpus, or lower the ranks, engines or "
+                            "rollout.tensor_parallel_size")
+        out, bundles = {}, []
         for role, n in ranks.items():
-            out[role] = [(next_bundle + i, 1.0) for i in range(n)]
-            next_bundle += n
-        return [{"GPU": 1, "CPU": 0.5} for _ in range(next_bundle)], out
+            out[role] = [(len(bundles) + i, float(per[role])) for i in range(n)]
+            bundles += [{"GPU": per[role], "CPU": 0.5} for _ in range(n)]
+        return bundles, out
     raise UserError(f"placement.mode = {mode!r}: must be colocate, hybrid or split")
 
 
@@ -52,7 +61,7 @@ class Placement:
     """Ray options for every rank of every role, backed by one placement group (or none on CPU-only runs)."""
 
     def __init__(self, mode: str, num_gpus: int, ranks: dict[str, int], timeout_s: float = 120.0,
-                 threads: int = 1):
+                 threads: int = 1, gpus_per_rank: Optional[dict[str, int]] = None):
         self.pg = None
         env = {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
         self.options: dict[str, list[dict]] = {role: [dict(env) for _ in range(n)] for role, n in ranks.items()}
@@ -62,7 +71,7 @@ class Placement:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundles, assignment = plan_placement(mode, num_gpus, ranks)
+        bundles, assignment = plan_placement(mode, num_gpus, ranks, gpus_per_rank)
         self.pg = ray.util.placement_group(bundles, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=timeout_s)

@@ -23,7 +23,36 @@ def problems(cfg: RunConfig) -> list[str]:
     check_user_code(cfg, p)
     check_gpu_software(cfg, p)
     check_sequence_split(cfg, p)
+    check_engine_split(cfg, p)
     return p.found
+
+
+def check_engine_split(cfg: RunConfig, p: Problems) -> None:
+    """rollout.tensor_parallel_size against the model: vLLM gives each worker whole attention heads."""
+    size = cfg.rollout.tensor_parallel_size
+    config = model_config(cfg) if size > 1 else None
+    if config is None:
+        return
+    config = getattr(config, "get_text_config", lambda: config)()
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if heads % size or (kv % size and size % kv):
+        p.bad("rollout.tensor_parallel_size", size, f"cannot split {cfg.model.path or 'the tiny model'}: vLLM gives "
+              f"each worker whole attention heads, and its {heads} heads ({kv} key/value) do not split over {size}; "
+              f"choose a size that divides {heads}")
+
+
+def model_config(cfg: RunConfig):
+    """The model's transformers config (the tiny model's shape where it is built later), None if unreadable (the
+    model folder's own check says what is wrong with it)."""
+    if cfg.model.path is None:
+        from types import SimpleNamespace
+        t = cfg.model.tiny
+        return SimpleNamespace(num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads)
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception:
+        return None
 
 
 def check_sequence_split(cfg: RunConfig, p: Problems) -> None:
@@ -32,16 +61,9 @@ def check_sequence_split(cfg: RunConfig, p: Problems) -> None:
     if size <= 1:
         return
     from actors.sequence_parallel import refusal
-    if cfg.model.path is None:  # the tiny model, built later from model.tiny
-        from types import SimpleNamespace
-        t = cfg.model.tiny
-        config = SimpleNamespace(num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads)
-    else:
-        from transformers import AutoConfig
-        try:
-            config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-        except Exception:  # (the model folder's own check says what is wrong with it)
-            return
+    config = model_config(cfg)
+    if config is None:
+        return
     why = refusal(config, cfg.trainer.attn_implementation, size)
     if why is not None:
         p.bad("trainer.sequence_parallel_size", size, f"cannot split {cfg.model.path or 'the tiny model'}: {why}")

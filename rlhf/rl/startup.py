@@ -51,7 +51,7 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
                             sleep_level=1 if adapter_sync else 2, tempered_logprobs=r.tempered_logprobs,
-                            inflight_kv=r.inflight_kv)
+                            inflight_kv=r.inflight_kv, tensor_parallel_size=r.tensor_parallel_size)
 
 
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
@@ -66,7 +66,8 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     from rollout.group import RolloutGroup
 
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
-    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=cfg.placement.cpu_threads)
+    placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=cfg.placement.cpu_threads,
+                          gpus_per_rank={"rollout": cfg.rollout.tensor_parallel_size})
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)

@@ -31,6 +31,15 @@ def no_torch_compile() -> None:
         sys.modules["torch._dynamo.config"].disable = True
 
 
+def cpu_binding(workers: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `workers` tensor-parallel workers: this process's allowed cores dealt out, one
+    group a worker ("0|1"; "0-3|4-7" with 8 cores), cores shared round robin when there are fewer than workers."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(1, len(cores) // workers)
+    groups = [cores[(i * share) % len(cores):(i * share) % len(cores) + share] for i in range(workers)]
+    return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
+
+
 def mapped_shm(pids: list[int]) -> set[str]:
     """The /dev/shm files that processes `pids` map and that still have a name."""
     import psutil
@@ -47,12 +56,14 @@ class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
-                 sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep"):
+                 sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep",
+                 tensor_parallel_size: int = 1):
         """`inflight_kv`: what requests kept across a sync continue on (rollout.engines.inflight). `sleep_level`: 2
         (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
         the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
         sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
-        a top_p nucleus), else of the raw logits."""
+        a top_p nucleus), else of the raw logits. `tensor_parallel_size` > 1: the weights split over that many
+        vLLM workers in processes of their own (on CPU each bound to its own core)."""
         # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
         root = cache_root()
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
@@ -61,6 +72,8 @@ class VLLMEngine:
         self.on_gpu = torch.cuda.is_available()
         if not self.on_gpu:
             no_torch_compile()
+            if tensor_parallel_size > 1:  # vLLM-CPU binds each worker's threads to cores, and by NUMA node
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tensor_parallel_size)  # unless told which
         from vllm import LLM
 
         kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
@@ -80,7 +93,10 @@ class VLLMEngine:
         # below.
         gc.collect()
         gc.freeze()
-        self.key = actor_key() if multiprocess else None  # a core left by this actor's killed predecessor: end it
+        # the engine core, or tensor-parallel workers, in child processes: tensors cross as bytes, and the
+        # children are stopped before this process goes
+        self.multiprocess = multiprocess or tensor_parallel_size > 1
+        self.key = actor_key() if self.multiprocess else None  # children left by a killed predecessor: end them
         reap_orphans(self.key)
         # CUDA graphs on a GPU (decode is launch-bound without them; the in-place reload keeps their buffers);
         # eager on CPU, which has none.
@@ -88,13 +104,13 @@ class VLLMEngine:
                        enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.engines.vllm_ext.WeightSyncExtension",
                        disable_log_stats=False,  # its token counters (rollout/prefill_per_token)
-                       logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs", **kwargs)
+                       logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs",
+                       tensor_parallel_size=tensor_parallel_size, **kwargs)
         if multiprocess:
             gc.unfreeze()
         record_children(self.key)
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
-        self.multiprocess = multiprocess  # the engine core in a child process: tensors cross as bytes
         self.kept = KeptRequests(self.llm, inflight_kv)
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
@@ -145,13 +161,16 @@ class VLLMEngine:
 
     def receive_weights(self, fingerprint: bool = True) -> int:
         """One sync: every bucket streamed into vLLM's reload as it arrives, then the prefix cache dropped."""
-        n = self.llm.collective_rpc("rlhf_receive", args=(fingerprint,))[0]
+        counts = self.llm.collective_rpc("rlhf_receive", args=(fingerprint,))  # one per tensor-parallel worker
+        if len(set(counts)) != 1:
+            raise RuntimeError(f"the engine's tensor-parallel workers loaded {counts} tensors in one sync")
         self._reloaded()
-        return n
+        return counts[0]
 
     def sync_fingerprints(self) -> dict:
         """What reached vLLM's reload in the last sync, fingerprinted (with verification on; rollout.sync.check)."""
-        return self.llm.collective_rpc("rlhf_fingerprints")[0]
+        prints = self.llm.collective_rpc("rlhf_fingerprints")  # each tensor-parallel worker received the whole
+        return next((p for p in prints[1:] if p != prints[0]), prints[0])  # tensors: one that differs is the news
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """In-process channel. With the engine core in this process the iterator is streamed into vLLM's reload

@@ -11,8 +11,10 @@ from rollout.sync import WeightReceiver
 
 class WeightSyncExtension:
     def rlhf_open_receiver(self, endpoint: dict) -> None:
-        """Join the trainer -> engines channel (rollout.sync.WeightReceiver, the HF engine's too)."""
-        self._rlhf_receiver = WeightReceiver(endpoint)
+        """Join the trainer -> engines channel (rollout.sync.WeightReceiver, the HF engine's too), as this
+        tensor-parallel worker."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+        self._rlhf_receiver = WeightReceiver({**endpoint, "worker": get_tensor_model_parallel_rank()})
 
     def rlhf_receive(self, fingerprint: bool = True) -> int:
         """One sync, streamed into the reload bucket by bucket. Returns #tensors."""

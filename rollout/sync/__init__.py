@@ -52,11 +52,12 @@ def _trainer_roles(trainers: list) -> list[str]:
 
 
 def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]], strict: bool = False,
-               timeout_s: float = 300.0, verify: bool = False) -> str:
+               timeout_s: float = 300.0, verify: bool = False, workers: int = 1) -> str:
     """Form `channel` between the trainer ranks and every engine of `group` (a RolloutGroup), handing both ends the
     plan; returns the channel in use. An ipc engine on another node than its trainer rank is an error when ipc was
     asked for (`strict`), else the run falls back to broadcast. Called again after an engine restart. `verify`: both
-    ends fingerprint what passes (rollout.sync.check.verify_sync compares them)."""
+    ends fingerprint what passes (rollout.sync.check.verify_sync compares them). `workers`: each engine's
+    tensor-parallel workers (rollout.tensor_parallel_size), each of them a receiver."""
     off_node = off_node_engines(trainers, group) if channel == "ipc" else []
     if off_node and strict:
         i = off_node[0]
@@ -71,10 +72,10 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
     host, port = ray_get([trainers[0].sync_address.remote()], timeout_s, roles[:1])[0]
     world, plain = len(trainers), plan_to_plain(plan)
     if channel == "broadcast":
-        refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines), verify=verify)
-                for t in trainers]
+        refs = [t.open_sender.remote("broadcast", host, port, plan, world_size=1 + len(group.engines) * workers,
+                                     verify=verify) for t in trainers]
         refs += [e.open_receiver.remote(dict(channel="broadcast", host=host, port=port, plan=plain, rank=i + 1,
-                                             world_size=1 + len(group.engines), verify=verify))
+                                             world_size=1 + len(group.engines), verify=verify, workers=workers))
                  for i, e in enumerate(group.engines)]
         ray_get(refs, timeout_s, roles + group.roles)
         return channel
@@ -82,12 +83,13 @@ def setup_sync(channel: str, trainers: list, group, plan: list[list[TensorSpec]]
     handles: dict[int, list[bytes]] = {}
     done = False
     try:  # every rank's staging files are unlinked however set-up ends, a rank's own failure included
-        for h in ray_get([t.open_sender.remote("ipc", host, port, plan, verify=verify,
+        for h in ray_get([t.open_sender.remote("ipc", host, port, plan, verify=verify, workers=workers,
                                                engines=[i for i, s in enumerate(src) if s == r])
                           for r, t in enumerate(trainers)], timeout_s, roles):
             handles.update(h)
         ray_get([e.open_receiver.remote(dict(channel="ipc", host=host, port=port, plan=plain, src=src[i], engine=i,
-                                             handles=handles[i], verify=verify)) for i, e in enumerate(group.engines)],
+                                             handles=handles[i], verify=verify, workers=workers))
+                 for i, e in enumerate(group.engines)],
                 timeout_s, group.roles)
         done = True
     finally:

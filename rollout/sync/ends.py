@@ -30,7 +30,8 @@ class WeightSender:
     over the trainer ranks. With `verify`, each sync's sent tensors are fingerprinted (rollout.sync.check)."""
 
     def __init__(self, channel: str, rank: int, host: str, port: int, plan: list[list[TensorSpec]],
-                 world_size: int = 0, engines: Iterable[int] = (), local_engine=None, verify: bool = False):
+                 world_size: int = 0, engines: Iterable[int] = (), local_engine=None, verify: bool = False,
+                 workers: int = 1):
         self.channel, self.plan, self.verify, self.fingerprints = channel, plan, verify, {}
         self.group, self.ipc, self.local = None, None, local_engine
         if channel == "broadcast" and rank == 0:
@@ -38,7 +39,7 @@ class WeightSender:
         elif channel == "ipc":
             store = connect_store(host, port, is_master=rank == 0)
             self.store = store  # rank 0 hosts the store every engine and rank connects to
-            self.ipc = IpcSender(store, rank, list(engines), plan, _device()) if engines else None
+            self.ipc = IpcSender(store, rank, list(engines), plan, _device(), workers) if engines else None
 
     def handles(self) -> dict[int, list[bytes]]:
         """ipc: per fed engine, the handles of its staging buffers."""
@@ -75,16 +76,20 @@ class WeightSender:
 
 class WeightReceiver:
     """An engine's end, built from a plain `endpoint` dict (it crosses vLLM's collective_rpc): channel, host, port,
-    plan, and broadcast: rank, world_size; ipc: src (feeding trainer rank), engine, handles; optional verify."""
+    plan, and broadcast: rank, world_size; ipc: src (feeding trainer rank), engine, handles; optional verify, and
+    for a tensor-parallel engine `workers` (its size) and `worker` (this one's rank): each worker receives the
+    whole tensors (vLLM's loaders keep their own shard), so each is a receiver of its own."""
 
     def __init__(self, endpoint: dict):
         e = endpoint
         self.plan, self.verify, self.fingerprints = plan_from_plain(e["plan"]), e.get("verify", False), {}
-        if e["channel"] == "broadcast":
-            self.group, self.ipc = SyncGroup(e["host"], e["port"], e["rank"], e["world_size"]), None
+        workers, worker = e.get("workers", 1), e.get("worker", 0)
+        if e["channel"] == "broadcast":  # engine i's workers are ranks 1 + i * workers + worker
+            rank, world = 1 + (e["rank"] - 1) * workers + worker, 1 + (e["world_size"] - 1) * workers
+            self.group, self.ipc = SyncGroup(e["host"], e["port"], rank, world), None
         else:
             store = connect_store(e["host"], e["port"], is_master=False)
-            self.group, self.ipc = None, IpcReceiver(store, e["src"], e["engine"], e["handles"])
+            self.group, self.ipc = None, IpcReceiver(store, e["src"], e["engine"], e["handles"], worker)
 
     def receive(self, fingerprint: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
         """The named tensors of one sync, bucket by bucket as they arrive (in memory the consumer may keep);

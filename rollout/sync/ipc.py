@@ -94,15 +94,18 @@ def _ready_key(src: int, sync: int, k: int) -> str:
     return f"ipc/{src}/{sync}/{k}"
 
 
-def _ack_key(src: int, sync: int, k: int, engine: int) -> str:
-    return f"ipc/{src}/{sync}/{k}/ack/{engine}"
+def _ack_key(src: int, sync: int, k: int, engine: int, worker: int) -> str:
+    return f"ipc/{src}/{sync}/{k}/ack/{engine}.{worker}"
 
 
 class IpcSender:
-    """Trainer rank `src`: feeds `engines` (their indices) through two shared staging buffers."""
+    """Trainer rank `src`: feeds `engines` (their indices) through two shared staging buffers; a bucket's buffer is
+    refilled once each of every engine's `workers` (tensor-parallel workers, each loading the whole tensors) has
+    copied it out."""
 
-    def __init__(self, store, src: int, engines: list[int], plan: list[list[TensorSpec]], device=None):
-        self.store, self.src, self.engines, self.sync = store, src, engines, 0
+    def __init__(self, store, src: int, engines: list[int], plan: list[list[TensorSpec]], device=None,
+                 workers: int = 1):
+        self.store, self.src, self.engines, self.sync, self.workers = store, src, engines, 0, workers
         size = max(bucket_nbytes(b) for b in plan)
         made: list = []
         try:
@@ -140,17 +143,18 @@ class IpcSender:
         return sent
 
     def _wait_acks(self, k: int) -> None:
-        keys = [_ack_key(self.src, self.sync, k, e) for e in self.engines]
+        keys = [_ack_key(self.src, self.sync, k, e, w) for e in self.engines for w in range(self.workers)]
         self.store.wait(keys)
         for key in keys + [_ready_key(self.src, self.sync, k)]:
             self.store.delete_key(key)
 
 
 class IpcReceiver:
-    """Engine `engine`, fed by trainer rank `src`: opens the two staging buffers once, then copies each bucket out."""
+    """Engine `engine` (its tensor-parallel worker `worker`), fed by trainer rank `src`: opens the two staging buffers
+    once, then copies each bucket out."""
 
-    def __init__(self, store, src: int, engine: int, handles: list[bytes]):
-        self.store, self.src, self.engine, self.sync = store, src, engine, 0
+    def __init__(self, store, src: int, engine: int, handles: list[bytes], worker: int = 0):
+        self.store, self.src, self.engine, self.sync, self.worker = store, src, engine, 0, worker
         self.buffers = [open_shared(h) for h in handles]
 
     def receive(self, plan: list[list[TensorSpec]]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -162,7 +166,7 @@ class IpcReceiver:
                 self.store.get(_ready_key(self.src, sync, k))  # blocks until the trainer has filled the buffer
                 own = self.buffers[k % 2][:bucket_nbytes(bucket)].clone()
                 _sync_device(own)
-                self.store.set(_ack_key(self.src, sync, k, self.engine), b"1")
+                self.store.set(_ack_key(self.src, sync, k, self.engine, self.worker), b"1")
                 yield bucket, own
         return bucket_contents(arrived())
 

@@ -20,6 +20,14 @@ def test_plan_split_gives_each_role_its_own_bundles():
     assert len(bundles) == 4 and plan == {"policy": [(0, 1.0), (1, 1.0)], "rollout": [(2, 1.0), (3, 1.0)]}
 
 
+def test_a_tensor_parallel_engine_takes_a_bundle_of_as_many_gpus_as_its_workers():
+    bundles, plan = plan_placement("split", 6, {"policy": 2, "rollout": 2}, gpus_per_rank={"rollout": 2})
+    assert [b["GPU"] for b in bundles] == [1, 1, 2, 2]
+    assert plan == {"policy": [(0, 1.0), (1, 1.0)], "rollout": [(2, 2.0), (3, 2.0)]}
+    with pytest.raises(UserError, match=r"6 for 2 policy, 2 rollout x 2 GPUs"):
+        plan_placement("split", 5, {"policy": 2, "rollout": 2}, gpus_per_rank={"rollout": 2})
+
+
 def test_hybrid_engines_have_no_role_of_their_own():
     """The engines live in the policy ranks: the plan is colocate's without a rollout role, every rank on its GPU."""
     from rlhf.config import RunConfig
@@ -34,7 +42,7 @@ def test_hybrid_engines_have_no_role_of_their_own():
 
 
 @pytest.mark.parametrize("mode, gpus, needle", [("colocate", 1, "one GPU per rank of the largest role"),
-                                                ("split", 3, "one GPU per rank of every role"),
+                                                ("split", 3, "whole GPUs for every rank of every role"),
                                                 ("mixed", 4, "must be colocate, hybrid or split")])
 def test_plan_errors(mode, gpus, needle):
     with pytest.raises(UserError, match=needle):
