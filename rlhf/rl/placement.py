@@ -43,6 +43,20 @@ def plan_placement(mode: str, num_gpus: int, ranks: dict[str, int],
     raise UserError(f"placement.mode = {mode!r}: must be colocate, hybrid or split")
 
 
+def describe_placement(mode: str, num_gpus: int, ranks: dict[str, int], gpus_per_rank: dict[str, int],
+                       workers: dict[str, int]) -> str:
+    """The start-up's one line on where the roles run: per role its actors, the GPUs each asks for, and the
+    processes each runs (a tensor-parallel engine's workers)."""
+    parts = []
+    for role, n in ranks.items():
+        per, proc = gpus_per_rank.get(role, 1), workers.get(role, 1)
+        gpus = "" if num_gpus == 0 else (f" x {per} GPUs" if mode == "split" and per > 1 else
+                                         " x 1 GPU" if mode == "split" else " (sharing GPUs)")
+        parts.append(f"{n} {role}{gpus}" + (f", {proc} workers each" if proc > 1 else ""))
+    where = f"{mode} on {num_gpus} GPUs" if num_gpus else "CPU only"
+    return f"placement: {where}: " + "; ".join(parts)
+
+
 def check_cpu_capacity(ranks: dict[str, int]) -> None:
     """A CPU-only run's actors must all fit the cluster's CPUs at once (each asks CPU_PER_ACTOR); otherwise some
     would wait unscheduled until a deadline, then be blamed for a hang. Raises UserError naming the demand."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 from rlhf.config import RunConfig
 from rlhf.config.resolve import role_ranks
-from rlhf.rl.placement import Placement
+from rlhf.rl.placement import Placement, describe_placement
 from rlhf.weights.tiny import ensure_model
 
 if TYPE_CHECKING:
@@ -66,8 +66,10 @@ def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Worker
     from rollout.group import RolloutGroup
 
     m, ranks, start = cfg.model, role_ranks(cfg, needs_critic), time.perf_counter()
+    tp = {"rollout": cfg.rollout.tensor_parallel_size}
     placement = Placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, threads=cfg.placement.cpu_threads,
-                          gpus_per_rank={"rollout": cfg.rollout.tensor_parallel_size})
+                          gpus_per_rank=tp)
+    print(describe_placement(cfg.placement.mode, cfg.placement.num_gpus, ranks, tp, tp), flush=True)
     common = dict(dtype=m.dtype, trust_remote_code=m.trust_remote_code)
     adapter_sync = m.lora.rank > 0 and cfg.rollout.engine == "vllm" and cfg.rollout.lora_sync == "adapter"
     engine_cls, engine_kwargs = engine_spec(cfg, placement, adapter_sync)

@@ -14,7 +14,7 @@ import torch
 from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
 from rollout.engines.inflight import KeptRequests, sampled_logprobs, vllm_counts
-from rollout.engines.reap import actor_key, reap_orphans, record_children
+from rollout.engines.reap import actor_key, mapped_shm, reap_orphans, record_children
 from rollout.engines.sleep import SleepState
 from rollout.render import render_prompts
 
@@ -38,18 +38,6 @@ def cpu_binding(workers: int) -> str:
     share = max(1, len(cores) // workers)
     groups = [cores[(i * share) % len(cores):(i * share) % len(cores) + share] for i in range(workers)]
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
-
-
-def mapped_shm(pids: list[int]) -> set[str]:
-    """The /dev/shm files that processes `pids` map and that still have a name."""
-    import psutil
-    paths = set()
-    for pid in pids:
-        try:
-            paths |= {m.path for m in psutil.Process(pid).memory_maps() if m.path.startswith("/dev/shm/")}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return {p for p in paths if os.path.exists(p)}
 
 
 class VLLMEngine:

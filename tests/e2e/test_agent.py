@@ -25,6 +25,7 @@ def test_grpo_trains_an_openai_client_agent_ahead_of_the_trainer(sft_model, tmp_
                   "agent.fn=tests.fixtures.agents:sort_twice", "agent.max_calls=2", "trainer.max_steps=3",
                   "eval.every=0", "rollout.prompts_per_step=16", "trainer.batch_size=128", "rollout.max_staleness=1",
                   "rollout.max_model_len=128", "logging.rollouts_every=1", "logging.rollouts_per_step=2",
+                  "rollout.tensor_parallel_size=2",  # the endpoint in front of a tensor-parallel engine
                   timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "agent endpoint: http://127.0.0.1:" in res.stdout

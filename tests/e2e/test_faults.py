@@ -75,12 +75,15 @@ def _finish(proc, timeout_s: float = 600.0) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_killed_engine_is_restarted_and_the_run_goes_on(sft_model, tmp_path, tp):
     """`kill -9` of the vLLM engine's process while it generates step 3's rollout (after two updates): Ray restarts
     it, the trained weights are pushed into it (the restarted engine's log-probs agree with the trainer's, which they
     could not with the weights it starts from), its generation is redone and the run finishes, counting one
-    restart."""
-    proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0")
+    restart. At rollout.tensor_parallel_size=2 the killed process's two workers are ended by its successor, which
+    starts two of its own and syncs both."""
+    proc = _start_run(sft_model, tmp_path, "trainer.max_steps=4", "checkpoint.every=0",
+                      f"rollout.tensor_parallel_size={tp}")
     _kill_when(proc, lambda: logged_rows(tmp_path) >= 3, "VLLMEngine.generate")  # rows for steps 0-2
     out, err = _finish(proc)
     assert proc.returncode == 0, err[-3000:]

@@ -20,3 +20,22 @@ def test_a_grpo_run_with_two_tensor_parallel_workers_keeps_both_on_the_trainers_
     assert rows[2]["rollout/logprob_diff"] < 1e-4, [r["rollout/logprob_diff"] for r in rows]  # after a sync
     assert all(r["train/grad_norm"] > 0 for r in rows[1:])
     assert all(r["rollout/sync_verified_tensors"] > 0 for r in rows[1:])  # each sync checked on both workers
+
+
+@pytest.mark.slow
+def test_a_lora_adapter_reaches_both_tensor_parallel_workers_while_they_generate_ahead(sft_model, tmp_path):
+    """The adapter path (only the PEFT adapter travels, vLLM applies it in each worker to its shard) with requests
+    kept in flight across syncs (rollout.max_staleness=1): the samples the current weights made agree with the
+    trainer, the ones a sync overtook are one update old and no older."""
+    res = run_cli("--config", "examples/sort_grpo_lora.yaml", f"output_dir={tmp_path}", f"model.path={sft_model}",
+                  "model.dtype=float32", "rollout.tensor_parallel_size=2", "rollout.lora_sync=adapter",
+                  "rollout.max_staleness=1", "trainer.lr=1e-2", "trainer.max_steps=3", "eval.every=0",
+                  "rollout.prompts_per_step=16", "trainer.batch_size=128", "checkpoint.every=0", timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = read_metrics(str(tmp_path))[1:]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert max(r["rollout/staleness_max"] for r in rows) == 1
+    current = [r["rollout/logprob_diff"] for r in rows if r["rollout/staleness_max"] == 0]
+    assert current and all(d < 1e-3 for d in current), [(r["rollout/staleness_max"], r["rollout/logprob_diff"])
+                                                        for r in rows]
+    assert rows[-1]["rollout/kl"] > 0  # the adapter moved away from the base

@@ -12,7 +12,8 @@ from rlhf.config import DataConfig, TrainerConfig
 from rlhf.stages.sft import tokenize_sft
 from rlhf.stages.tasks import make_rows
 from rollout.engine import SamplingConfig
-from rollout.engines.vllm import VLLMEngine, mapped_shm
+from rollout.engines.reap import mapped_shm
+from rollout.engines.vllm import VLLMEngine
 from rollout.group import RolloutGroup
 from rollout.render import PromptRenderer
 from rollout.sync import setup_sync, sync_weights

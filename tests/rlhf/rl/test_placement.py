@@ -4,7 +4,7 @@ import pytest
 
 from common.errors import UserError
 from rlhf.config.resolve import reference_ranks, seed_per_prompt
-from rlhf.rl.placement import Placement, plan_placement
+from rlhf.rl.placement import Placement, describe_placement, plan_placement
 from rollout.sync import sync_channel
 
 
@@ -26,6 +26,11 @@ def test_a_tensor_parallel_engine_takes_a_bundle_of_as_many_gpus_as_its_workers(
     assert plan == {"policy": [(0, 1.0), (1, 1.0)], "rollout": [(2, 2.0), (3, 2.0)]}
     with pytest.raises(UserError, match=r"6 for 2 policy, 2 rollout x 2 GPUs"):
         plan_placement("split", 5, {"policy": 2, "rollout": 2}, gpus_per_rank={"rollout": 2})
+    tp = {"rollout": 2}
+    assert describe_placement("split", 6, {"policy": 2, "rollout": 2}, tp, tp) == (
+        "placement: split on 6 GPUs: 2 policy x 1 GPU; 2 rollout x 2 GPUs, 2 workers each")
+    assert describe_placement("colocate", 0, {"policy": 1, "rollout": 1}, tp, tp) == (
+        "placement: CPU only: 1 policy; 1 rollout, 2 workers each")
 
 
 def test_hybrid_engines_have_no_role_of_their_own():
