@@ -4,9 +4,11 @@ template, tool parser, sampling and token capture.
 
     python -m rlhf.agent_serve --model ~/.cache/rlhf-orchestra/models/SmolLM2-135M-Instruct --port 8000
     curl -s http://127.0.0.1:8000/demo/v1/chat/completions -H 'Content-Type: application/json' \\
+         -H "Authorization: Bearer $KEY" \\
          -d '{"model": "policy", "messages": [{"role": "user", "content": "What is 7 + 9?"}]}'
 
-Ctrl-C stops it and prints what was captured: the calls, the samples they were stitched into, the history breaks.
+`$KEY` is the bearer token it prints (or gives: `--api-key`, `$RLHF_AGENT_API_KEY`). Ctrl-C stops it and prints what
+was captured: the calls, the samples they were stitched into, the history breaks.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--model", required=True, help="a Hugging Face folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("RLHF_AGENT_API_KEY"),
+                   help="the bearer token every request must carry (default: $RLHF_AGENT_API_KEY, else a new one, "
+                        "printed)")
     p.add_argument("--tool-parser", default="hermes", help="vLLM's tool-call parser for the model family")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
                    help="auto: bfloat16 where this machine runs it fast, else float32 (docs/precision.md)")
@@ -62,14 +67,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         init_ray()
         group = RolloutGroup.create(1, dict(model_path=args.model, dtype=dtype, max_model_len=args.max_model_len,
                                             kv_cache_mb=1024), engine_cls=VLLMEngine)
-        runner = AgentRunner(group, renderer, cfg, args.max_model_len)
+        runner = AgentRunner(group, renderer, cfg, args.max_model_len, token=args.api_key)
     except (UserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"serving {args.model} ({dtype}) at {runner.endpoint.url('demo')}; Ctrl-C stops", flush=True)
+    print(f"serving {args.model} ({dtype}) at {runner.endpoint.url('demo')}, api key {runner.endpoint.token} "
+          "(header Authorization: Bearer <key>); Ctrl-C stops", flush=True)
     try:
         episode = runner.serve("demo", SamplingConfig(max_new_tokens=args.max_new_tokens,
                                                       temperature=args.temperature), stop)

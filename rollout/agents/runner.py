@@ -116,7 +116,7 @@ class AgentRunner:
     """Episodes of `agent.fn` through `group` (a RolloutGroup, or the one `run` is given), behind one endpoint."""
 
     def __init__(self, group, renderer: PromptRenderer, cfg: AgentConfig, max_model_len: int,
-                 max_calls_in_flight: int = 2, model_name: str = "policy"):
+                 max_calls_in_flight: int = 2, model_name: str = "policy", token: Optional[str] = None):
         self.group, self.renderer, self.cfg, self.max_model_len = group, renderer, cfg, max_model_len
         self.fn = load_agent(cfg.fn) if cfg.fn else None  # (None: `serve` only)
         self.max_calls_in_flight = max_calls_in_flight
@@ -126,7 +126,7 @@ class AgentRunner:
         self.hung: list[threading.Thread] = []
         self.http = None  # the sync agents' shared httpx client, made on first use
         self.rejected = 0  # calls the engine raised for (each ended its episode, not the run)
-        self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port)
+        self.endpoint = AgentEndpoint(self._handle, model_name, cfg.host, cfg.port, token)
 
     def close(self) -> None:
         self.endpoint.close()
@@ -200,12 +200,12 @@ class AgentRunner:
         url = self.endpoint.url(episode.key)
         if inspect.iscoroutinefunction(self.fn):
             async def play():
-                async with openai.AsyncOpenAI(base_url=url, api_key="rlhf", max_retries=0,
+                async with openai.AsyncOpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0,
                                               timeout=self.cfg.timeout_s) as client:
                     return await self.fn(row, client)
             return asyncio.run(play())
-        return self.fn(row, openai.OpenAI(base_url=url, api_key="rlhf", max_retries=0, timeout=self.cfg.timeout_s,
-                                          http_client=self.http))
+        return self.fn(row, openai.OpenAI(base_url=url, api_key=self.endpoint.token, max_retries=0,
+                                          timeout=self.cfg.timeout_s, http_client=self.http))
 
     def _settle(self, e: Episode, fut: Optional[Future], seconds: float) -> None:
         e.seconds = seconds

@@ -6,10 +6,16 @@ Requests are validated by vLLM's own OpenAI protocol models; a bad one (malforme
 has ended) is answered with an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`, 4xx), never
 passed to the engine. The stdlib's threading server: each call waits on its own thread while the runner batches
 the calls of all episodes into engine calls (rollout.agents.runner).
+
+Every request must carry the endpoint's bearer token (`Authorization: Bearer <token>`, what the OpenAI client sends
+for its `api_key`): a token per run, so that an endpoint reachable from other nodes (agent.host) serves only the
+run's own agents; a request without it is answered 401 before anything else is read.
 """
 from __future__ import annotations
 
+import hmac
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -44,7 +50,9 @@ Handler = Callable[[str, str, dict], dict]  # (episode key, "chat" | "completion
 class AgentEndpoint:
     """Serves `handle(key, kind, body)` on `host:port` (0: a free port) from a daemon thread until `close`."""
 
-    def __init__(self, handle: Handler, model: str, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, handle: Handler, model: str, host: str = "127.0.0.1", port: int = 0,
+                 token: Optional[str] = None):
+        """`token`: the bearer token every request must carry (None: a new random one, `self.token`)."""
         endpoint = self
 
         class _Requests(BaseHTTPRequestHandler):
@@ -60,6 +68,7 @@ class AgentEndpoint:
                 pass
 
         self.handle, self.model = handle, model
+        self.token = token or secrets.token_urlsafe(24)
         try:
             self.server = _Server((host, port), _Requests)
         except OSError as e:  # the port is taken, or the host is not this machine's
@@ -87,6 +96,10 @@ class AgentEndpoint:
         send_json(req, status, body)
 
     def _route(self, req: BaseHTTPRequestHandler, method: str) -> dict:
+        given = req.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            raise ApiError(401, "missing or wrong bearer token: call with the api_key the run gave this agent (its "
+                                "OpenAI client's api_key; rlhf.agent_serve prints it)", code="invalid_api_key")
         parts = req.path.split("?", 1)[0].strip("/").split("/")
         if len(parts) < 3 or parts[1] != "v1":
             raise ApiError(404, f"no route {req.path}: use the base URL the agent was given, <host>/<episode>/v1")

@@ -85,6 +85,29 @@ def test_a_taken_port_is_a_clear_error():
         first.close()
 
 
+def test_the_endpoint_answers_only_calls_that_carry_its_bearer_token():
+    """With the real openai client: the run's api_key is served; none, or another one, is answered 401 before the
+    request reaches the run (the endpoint may listen beyond loopback: agent.host)."""
+    import openai
+
+    from rollout.agents.server import AgentEndpoint
+    seen = []
+    endpoint = AgentEndpoint(lambda key, kind, body: seen.append(key) or {"object": "list", "data": []}, "policy")
+    try:
+        good = openai.OpenAI(base_url=endpoint.url("e1"), api_key=endpoint.token, max_retries=0)
+        assert [m.id for m in good.models.list().data] == ["policy"]
+        for key in ("rlhf", endpoint.token[:-1] + "x"):
+            wrong = openai.OpenAI(base_url=endpoint.url("e1"), api_key=key, max_retries=0)
+            with pytest.raises(openai.AuthenticationError, match="bearer token"):
+                wrong.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
+        assert seen == []  # nothing unauthenticated reached the handler
+        other = AgentEndpoint(lambda *a: {}, "policy")
+        assert other.token != endpoint.token  # one per endpoint (per run)
+        other.close()
+    finally:
+        endpoint.close()
+
+
 def test_agent_config_is_checked_before_the_run():
     """The config's own problems when it is loaded; the agent's code and tool parser before any worker starts."""
     from rlhf.config import load_config
@@ -224,7 +247,9 @@ def test_the_endpoint_serves_curl_without_a_run(engines):
 
     def post(body: dict) -> dict:
         request = urllib.request.Request(runner.endpoint.url("demo") + "/chat/completions", method="POST",
-                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {runner.endpoint.token}"})
         with urllib.request.urlopen(request) as answer:
             return json.loads(answer.read())
     try:
