@@ -5,8 +5,10 @@ each: the reply sent back with a follow-up), on SmolLM2-135M-Instruct, greedy so
     python benchmarks/agent_endpoint.py [--prompts 64] [--max-new-tokens 32] [--repeats 3]
 
 Reports median wall seconds, episodes per second, the overhead per call against the engines' own generate
-((endpoint - direct) / calls, batching differences included: agents' calls reach the engines as they arrive) and
-the calls per engine call. Needs `python -m rlhf.models smollm2-135m-instruct` first.
+((endpoint - direct) / calls, batching differences included: agents' calls reach the engines as they arrive), the
+calls per engine call, and each call's latency as its agent saw it over the direct generate's (p50 and p99 over
+every call of every repeat: what the endpoint adds to a request, the hold for the step's other calls included).
+Needs `python -m rlhf.models smollm2-135m-instruct` first.
 """
 from __future__ import annotations
 
@@ -24,16 +26,26 @@ from benchmarks.helpers import print_table  # noqa: E402
 from common.remote import python_path  # noqa: E402
 
 
+LATENCIES: dict[str, list[float]] = {"one_call": [], "two_calls": []}  # seconds a call took, as its agent saw it
+
+
+def _timed(name: str, client, messages):
+    start = time.perf_counter()
+    out = client.chat.completions.create(model="policy", messages=messages)
+    LATENCIES[name].append(time.perf_counter() - start)
+    return out
+
+
 def one_call(row, client):
-    client.chat.completions.create(model="policy", messages=row["prompt"])
+    _timed("one_call", client, row["prompt"])
     return 1.0
 
 
 def two_calls(row, client):
     messages = list(row["prompt"])
-    reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+    reply = _timed("two_calls", client, messages).choices[0].message
     messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "Are you sure? Reply again."}]
-    client.chat.completions.create(model="policy", messages=messages)
+    _timed("two_calls", client, messages)
     return 1.0
 
 
@@ -106,16 +118,18 @@ def main() -> None:
 
 def _report(args, times, per_engine_call, tokens) -> None:
     direct = statistics.median(times["direct"])
-    table = [["engines' generate, one call", direct, args.prompts / direct, "", "", tokens["direct"]]]
+    table = [["engines' generate, one call", direct, args.prompts / direct, "", "", tokens["direct"], ""]]
     for name, calls in (("one_call", 1), ("two_calls", 2)):
         med = statistics.median(times[name])
         overhead = (med - calls * direct) / (calls * args.prompts) * 1000
+        added = sorted(x - direct for x in LATENCIES[name])
+        p50, p99 = added[len(added) // 2] * 1000, added[min(len(added) - 1, int(0.99 * len(added)))] * 1000
         table.append([f"agents through the endpoint, {calls} call(s) each", med, args.prompts / med, overhead,
-                      statistics.median(per_engine_call[name]), tokens[name]])
+                      statistics.median(per_engine_call[name]), tokens[name], f"{p50:.0f} / {p99:.0f}"])
     print(f"{args.prompts} prompts, greedy, up to {args.max_new_tokens} new tokens, SmolLM2-135M-Instruct bf16, "
           f"median of {args.repeats}:")
-    print_table(["path", "median s", "episodes/s", "overhead ms/call", "calls per engine call", "sampled tokens"],
-                table)
+    print_table(["path", "median s", "episodes/s", "overhead ms/call", "calls per engine call", "sampled tokens",
+                 "a call's latency over the direct generate, p50 / p99 ms"], table)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,38 @@ def _failing(runner, capsys):
 
 
 @pytest.mark.slow
+def test_64_agents_at_once_some_misbehaving_finish_with_the_good_ones_all_trained(engines, capsys):
+    """64 episodes at once against the endpoint, 12 of them misbehaving over raw sockets: reading the answer a few
+    bytes at a time (served, just slowly), hanging up mid-request, or never reading the answer (bounded by
+    agent.timeout_s). The run returns every episode, each good one trained; the bad ones are counted; two runs
+    leave the process's memory and threads where one run left them."""
+    import threading
+
+    import psutil
+    kinds = ["good"] * 52 + ["slow"] * 4 + ["drop"] * 4 + ["deaf"] * 4
+    rows = [{"q": f"q{i}", "kind": k, "sleep": 8.0} for i, k in enumerate(kinds)]
+    runner = _runner(engines, "tests.fixtures.agents:unruly", concurrency=64, timeout_s=5.0)
+    sampling = SamplingConfig(max_new_tokens=3, temperature=1.0, n=1)
+    me = psutil.Process()
+    try:
+        sizes = []
+        for _ in range(3):
+            samples = runner.run(rows, sampling)
+            by_kind = {k: [s for s, kind in zip(samples, kinds) if kind == k] for k in set(kinds)}
+            assert all(s.env.reward == 1.0 and not s.env.error and s.completion_ids for s in by_kind["good"])
+            assert all(s.env.reward == 1.0 for s in by_kind["slow"])  # served, at the reader's pace
+            assert all(s.env.error for s in by_kind["drop"] + by_kind["deaf"])  # ended, and only themselves
+            time.sleep(4.0)  # the deaf agents' threads finish their sleep (they outlived their episodes)
+            sizes.append((me.memory_info().rss, threading.active_count()))
+        said = capsys.readouterr().err
+        assert "8 of 64 agent episodes failed" in said
+        (rss1, threads1), (_, _), (rss3, threads3) = sizes
+        assert rss3 - rss1 < 64 * 2**20 and threads3 <= threads1 + 2, sizes  # flat from the second run on
+    finally:
+        runner.close()
+
+
+@pytest.mark.slow
 def test_the_endpoint_serves_curl_without_a_run(engines):
     """`python -m rlhf.agent_serve`'s loop: plain HTTP calls (what curl sends) are answered and captured."""
     import json
