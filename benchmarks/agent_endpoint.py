@@ -6,8 +6,8 @@ each: the reply sent back with a follow-up), on SmolLM2-135M-Instruct, greedy so
 
 Reports median wall seconds, episodes per second, the overhead per call against the engines' own generate
 ((endpoint - direct) / calls, batching differences included: agents' calls reach the engines as they arrive), the
-calls per engine call, and each call's latency as its agent saw it over the direct generate's (p50 and p99 over
-every call of every repeat: what the endpoint adds to a request, the hold for the step's other calls included).
+calls per engine call, and each call's latency as its agent saw it (p50 and p99 over every call of every repeat,
+the hold for the step's other calls included) beside the direct generate's whole call.
 Needs `python -m rlhf.models smollm2-135m-instruct` first.
 """
 from __future__ import annotations
@@ -55,9 +55,13 @@ class Counting:
     def __init__(self, group):
         self.group, self.calls, self.prompts = group, 0, 0
 
-    def submit(self, prompts, sampling):
+    @property
+    def num_engines(self) -> int:
+        return self.group.num_engines
+
+    def submit(self, prompts, sampling, engines=None):
         self.calls, self.prompts = self.calls + 1, self.prompts + len(prompts)
-        return self.group.submit(prompts, sampling)
+        return self.group.submit(prompts, sampling, engines)
 
     def collect(self, submitted):
         return self.group.collect(submitted)
@@ -117,19 +121,21 @@ def main() -> None:
 
 
 def _report(args, times, per_engine_call, tokens) -> None:
+    import benchmarks.agent_endpoint as loaded  # the agents ran this file as imported by agent.fn, not as __main__
     direct = statistics.median(times["direct"])
-    table = [["engines' generate, one call", direct, args.prompts / direct, "", "", tokens["direct"], ""]]
+    table = [["engines' generate, one call", direct, args.prompts / direct, "", "", tokens["direct"],
+              f"{direct:.2f} (the whole call)"]]
     for name, calls in (("one_call", 1), ("two_calls", 2)):
         med = statistics.median(times[name])
         overhead = (med - calls * direct) / (calls * args.prompts) * 1000
-        added = sorted(x - direct for x in LATENCIES[name])
-        p50, p99 = added[len(added) // 2] * 1000, added[min(len(added) - 1, int(0.99 * len(added)))] * 1000
+        took = sorted(loaded.LATENCIES[name])
+        p50, p99 = took[len(took) // 2], took[min(len(took) - 1, int(0.99 * len(took)))]
         table.append([f"agents through the endpoint, {calls} call(s) each", med, args.prompts / med, overhead,
-                      statistics.median(per_engine_call[name]), tokens[name], f"{p50:.0f} / {p99:.0f}"])
+                      statistics.median(per_engine_call[name]), tokens[name], f"{p50:.2f} / {p99:.2f}"])
     print(f"{args.prompts} prompts, greedy, up to {args.max_new_tokens} new tokens, SmolLM2-135M-Instruct bf16, "
           f"median of {args.repeats}:")
     print_table(["path", "median s", "episodes/s", "overhead ms/call", "calls per engine call", "sampled tokens",
-                 "a call's latency over the direct generate, p50 / p99 ms"], table)
+                 "a call's latency, p50 / p99 s"], table)
 
 
 if __name__ == "__main__":
