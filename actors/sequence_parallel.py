@@ -27,15 +27,26 @@ import torch
 _STATE: dict = {"active": None, "installed": {}}
 
 
+def attention_heads(config) -> tuple[int, int]:
+    """(attention heads, key/value heads) of a transformers config (its text config for a multimodal one)."""
+    config = getattr(config, "get_text_config", lambda: config)()
+    heads = int(config.num_attention_heads)
+    return heads, int(getattr(config, "num_key_value_heads", None) or heads)
+
+
+def heads_split(heads: int, kv: int, size: int) -> bool:
+    """Whether `size` workers can each take whole heads (key/value heads divided, or replicated)."""
+    return heads % size == 0 and (kv % size == 0 or size % kv == 0)
+
+
 def refusal(config, attn_implementation: Optional[str], size: int) -> Optional[str]:
     """Why a model of this transformers `config` cannot be split over `size` ranks, or None where it can."""
+    heads, kv = attention_heads(config)
     config = getattr(config, "get_text_config", lambda: config)()
-    heads, kv = int(config.num_attention_heads), int(getattr(config, "num_key_value_heads", None) or
-                                                     config.num_attention_heads)
     if heads % size:
         return (f"its {heads} attention heads do not split over {size} ranks (Ulysses gives each rank whole heads): "
                 f"choose a size that divides {heads}")
-    if kv % size and size % kv:
+    if not heads_split(heads, kv, size):
         return f"its {kv} key/value heads and {size} ranks: one must divide the other"
     if attn_implementation == "eager":
         return "eager attention needs a (T, T) mask per row; use trainer.attn_implementation=sdpa (or flash)"
@@ -156,11 +167,11 @@ def _install(kernel: str, config, group):
                 return original(module, query, key, value, attention_mask, *args, **kwargs)
             return split(module, query, key, value, None, *args, **kwargs)  # causal, no (T, T) mask
         ALL_ATTENTION_FUNCTIONS[kernel] = hook
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads, kv = attention_heads(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return _any_rows(UlyssesSPAttentionHF)(
-        attn=_STATE["installed"][kernel], batch_size=1, attn_head_count=config.num_attention_heads,
-        attn_head_size=head_dim,
-        kv_head_count=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        attn=_STATE["installed"][kernel], batch_size=1, attn_head_count=heads, attn_head_size=head_dim,
+        kv_head_count=kv,
         num_hidden_layers=config.num_hidden_layers, process_group=group, seq_length_is_variable=True)
 
 

@@ -33,9 +33,9 @@ def check_engine_split(cfg: RunConfig, p: Problems) -> None:
     config = model_config(cfg) if size > 1 else None
     if config is None:
         return
-    config = getattr(config, "get_text_config", lambda: config)()
-    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    if heads % size or (kv % size and size % kv):
+    from actors.sequence_parallel import attention_heads, heads_split
+    heads, kv = attention_heads(config)
+    if not heads_split(heads, kv, size):
         p.bad("rollout.tensor_parallel_size", size, f"cannot split {cfg.model.path or 'the tiny model'}: vLLM gives "
               f"each worker whole attention heads, and its {heads} heads ({kv} key/value) do not split over {size}; "
               f"choose a size that divides {heads}")
