@@ -57,7 +57,9 @@ def init_deepspeed_distributed(rank: int, world_size: int, master_addr: str, mas
         skip_shm_allreduce_build()     # DeepSpeed still builds the op when it first wraps that group
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch.distributed.is_initialized():
-        if master_addr == LOOPBACK:  # one host: the group's store listens on loopback alone (common.net.tcp_store)
+        if world_size == 1:  # no peer to meet: a store in this process, no port (none to lose to a racing process)
+            torch.distributed.init_process_group(backend, store=torch.distributed.HashStore(), rank=0, world_size=1)
+        elif master_addr == LOOPBACK:  # one host: the group's store listens on loopback alone (common.net.tcp_store)
             from torch.distributed.constants import default_pg_timeout
             store = tcp_store(master_addr, int(os.environ["MASTER_PORT"]), rank == 0, world_size,
                               default_pg_timeout.total_seconds())

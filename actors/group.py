@@ -13,7 +13,7 @@ import torch
 
 from actors.batching.packing import deal_by_length
 from common.batch import Batch, compact, even_spans, shards
-from common.net import node_address
+from common.net import LOOPBACK, free_port, node_host, release_port, reserve_port
 from common.remote import Shipped, make_actor, ray_get, ship
 
 
@@ -26,14 +26,20 @@ class ActorGroup:
         import ray
 
         options = list(options or [{}] * world_size)
-        probe = ray.remote(node_address).options(num_cpus=0, **_placement_only(options[0]))
+        probe = ray.remote(_rendezvous).options(num_cpus=0, **_placement_only(options[0]))
         addr, port = ray_get([probe.remote()], timeout_s, [f"{role} 0 address probe"])[0]
+        held = port is None  # one node: the driver is on it, and holds the port until rank 0 listens on it
+        port = reserve_port() if held else port
         self.role, self.world_size, self.timeout_s = role, world_size, timeout_s
         self.split, self.data_parallel = sequence_parallel, world_size // sequence_parallel
         self.roles = [f"{role} {i}" for i in range(world_size)]
-        self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size, master_addr=addr,
-                                  master_port=port, **kwargs) for i in range(world_size)]
-        self._wait([a.__ray_ready__.remote() for a in self.actors])
+        try:
+            self.actors = [make_actor(cls, self.roles[i], options[i], rank=i, world_size=world_size,
+                                      master_addr=addr, master_port=port, **kwargs) for i in range(world_size)]
+            self._wait([a.__ray_ready__.remote() for a in self.actors])
+        finally:
+            if held:
+                release_port(port)
 
     def _wait(self, refs: list) -> list:
         return ray_get(refs, self.timeout_s, self.roles)
@@ -169,3 +175,10 @@ def kill_actors(actors: list) -> None:
 def _placement_only(options: dict) -> dict:
     """The placement part of a rank's options, for a zero-resource task that must land on the same node."""
     return {k: v for k, v in options.items() if k == "scheduling_strategy"}
+
+
+def _rendezvous() -> tuple[str, Optional[int]]:
+    """Run on rank 0's node: where its group's store listens, and a free port there; no port when the cluster is
+    this one node (the driver, on it too, then holds one: common.net.reserve_port)."""
+    host = node_host()
+    return host, (None if host == LOOPBACK else free_port())

@@ -6,21 +6,48 @@ import socket
 
 
 def free_port() -> int:
+    """A port free now, released: any process may take it before its user binds it (`reserve_port` may not)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 LOOPBACK = "127.0.0.1"
+_HELD: dict[int, socket.socket] = {}
+
+
+def reserve_port() -> int:
+    """A free loopback port this process holds (bound with SO_REUSEADDR, not listening) until `release_port`, or
+    until a `tcp_store` master in this process binds it beside the hold. While it is held the kernel hands it to no
+    other bind, so a vLLM worker, a Ray worker or another run starting at the same moment cannot take the port
+    between our choosing it and our store listening on it (a `free_port` port is open to them all along)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, 0))
+    port = sock.getsockname()[1]
+    _HELD[port] = sock
+    return port
+
+
+def release_port(port: int) -> None:
+    held = _HELD.pop(port, None)
+    if held is not None:
+        held.close()
+
+
+def node_host() -> str:
+    """Where a rendezvous (DeepSpeed group, sync group) started on this node listens: loopback when the Ray cluster
+    is this one node (nothing off the host can then reach the store: `tcp_store`), else this node's IP (the stores
+    then accept anyone who can reach the port: a trusted network, docs/configuration.md)."""
+    import ray
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    return LOOPBACK if len(alive) <= 1 else ray.util.get_node_ip_address()
 
 
 def node_address() -> tuple[str, int]:
-    """Where a rendezvous (DeepSpeed group, sync group) started on this node listens: loopback and a free port when
-    the Ray cluster is this one node (nothing off the host can then reach the store: `tcp_store`), else this
-    node's IP (the stores then accept anyone who can reach the port: a trusted network, docs/configuration.md)."""
-    import ray
-    alive = [n for n in ray.nodes() if n.get("Alive")]
-    return (LOOPBACK if len(alive) <= 1 else ray.util.get_node_ip_address()), free_port()
+    """`node_host()` and a port for a store this process will listen on: held (`reserve_port`) on loopback."""
+    host = node_host()
+    return host, (reserve_port() if host == LOOPBACK else free_port())
 
 
 def tcp_store(host: str, port: int, is_master: bool, world_size=None, timeout_s: float = 300.0):
@@ -36,6 +63,7 @@ def tcp_store(host: str, port: int, is_master: bool, world_size=None, timeout_s:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, port))
         sock.listen(128)
+        release_port(port)  # bound beside the hold (if this process held it): the listener keeps the port now
         fd = sock.detach()  # the store owns the descriptor from here (closing the socket object would close it)
     return dist.TCPStore(host, port, world_size, is_master=is_master, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False, master_listen_fd=fd)

@@ -84,6 +84,9 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
         try:
             ray.get(ready[0])
         except RayActorError as e:
+            if e.actor_init_failed:  # its __init__ raised: Ray wraps the worker's own error in a death
+                raise WorkerDied(memory_hint(f"{role_of[ready[0]]} raised {task_error_cause(e)} while starting"),
+                                 role_of[ready[0]], raised=True) from None
             killed = memory_kill(str(e))  # Ray's paragraph and its top-10 table, as one clause
             raise WorkerDied(memory_hint(f"{role_of[ready[0]]} died: {killed or e}"), role_of[ready[0]],
                              died=True) from None

@@ -35,20 +35,61 @@ def test_a_store_on_loopback_listens_on_loopback_alone():
     assert client.get("k") == b"v"
 
 
-def test_deepspeeds_group_on_one_host_listens_on_loopback_alone():
-    """The trainer's process group (actors.dist) on loopback: its store is the project's, not torch's env://."""
-    port = free_port()
+def _group_listeners(world_size: int, port: int) -> list[str]:
+    """Rank 0 of a `world_size` DeepSpeed group on loopback (actors.dist), each rank a process: what listens on
+    `port` once the group is up."""
     code = ("import sys; from actors.dist import init_deepspeed_distributed; "
-            f"init_deepspeed_distributed(0, 1, '127.0.0.1', {port}); "
-            "from tests.common.test_network import listeners; print('LISTEN', listeners(int(sys.argv[1])))")
-    out = subprocess.run([sys.executable, "-c", code, str(port)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert out.returncode == 0, out.stderr[-2000:]
-    found = eval(next(line for line in out.stdout.splitlines() if line.startswith("LISTEN"))[len("LISTEN "):])
+            "rank, world, port = map(int, sys.argv[1:]); init_deepspeed_distributed(rank, world, '127.0.0.1', port); "
+            "from tests.common.test_network import listeners; import torch.distributed as d; "
+            "print('LISTEN', listeners(port) if rank == 0 else []); d.barrier()")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(world_size), str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world_size)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    return eval(next(line for line in outs[0][0].splitlines() if line.startswith("LISTEN"))[len("LISTEN "):])
+
+
+def test_deepspeeds_group_on_one_host_listens_on_loopback_alone_and_a_single_rank_on_nothing():
+    """The trainer's process group (actors.dist): two ranks meet at the project's loopback store, not torch's
+    env://; one rank has nobody to meet, so it opens no port at all (none a racing process could take first)."""
+    port = free_port()
+    found = _group_listeners(2, port)
     assert found and all(on_loopback(a) for a in found), f"port {port} listens on {found}"
+    port = free_port()
+    assert _group_listeners(1, port) == []
 
 
-def test_a_one_node_cluster_rendezvous_on_loopback(ray_local):
-    from common.net import node_address
-    host, port = ray_local.get(ray_local.remote(node_address).remote())
+def test_a_held_port_is_given_to_no_other_bind_and_our_store_listens_on_it():
+    """reserve_port: between choosing the port and the store listening, no other bind (a plain one, or any bind
+    to port 0) gets it; the store's own listener binds beside the hold and takes the port over."""
+    import socket
+
+    from common.net import _HELD, release_port, reserve_port
+    port = reserve_port()
+    other = socket.socket()
+    try:
+        other.bind((LOOPBACK, port))
+        raise AssertionError(f"a plain bind took held port {port}")
+    except OSError:
+        pass
+    finally:
+        other.close()
+    for _ in range(2000):
+        with socket.socket() as s:
+            s.bind((LOOPBACK, 0))
+            assert s.getsockname()[1] != port
+    store = tcp_store(LOOPBACK, port, is_master=True, timeout_s=10)
+    assert port not in _HELD and listeners(port)
+    tcp_store(LOOPBACK, port, is_master=False, timeout_s=10).set("k", "v")
+    assert store.get("k") == b"v"
+    release_port(port)  # a no-op once the store took it
+
+
+def test_a_one_node_cluster_rendezvous_on_loopback_with_the_port_left_to_the_driver(ray_local):
+    from actors.group import _rendezvous
+    from common.net import node_address, release_port
+    assert ray_local.get(ray_local.remote(_rendezvous).remote()) == (LOOPBACK, None)
+    host, port = node_address()
     assert host == LOOPBACK and port > 0
+    release_port(port)

@@ -38,6 +38,27 @@ def test_a_raised_error_names_its_cause_and_advises_no_rerun(ray_local):
         ray_local.kill(actor)
 
 
+class Trainer:
+    def __init__(self, port: int):
+        raise OSError(f"the port {port} is taken (EADDRINUSE)")
+
+    def step(self) -> int:
+        return 1
+
+
+def test_a_worker_whose_start_raised_is_reported_by_its_own_error_not_as_a_death(ray_local):
+    """Ray reports an actor whose __init__ raised as dead ("an error raised in its creation task"); the run says
+    the worker's own error and where, and does not advise a rerun as it would for a crash."""
+    actor = make_actor(Trainer, "policy trainer 0", None, 29500)
+    with pytest.raises(WorkerDied) as e:
+        ray_get([actor.step.remote()], 60, ["policy trainer 0"])
+    assert e.value.raised and not e.value.died
+    assert str(e.value).startswith("policy trainer 0 raised OSError: the port 29500 is taken (EADDRINUSE)")
+    assert "test_worker_errors.py:" in str(e.value) and "in __init__" in str(e.value)
+    said = worker_died(e.value, None)
+    assert "fix its cause first" in said and "ran out of memory" not in said
+
+
 def test_a_death_or_timeout_still_advises_a_rerun():
     said = worker_died(WorkerDied("policy trainer 1 died: gone", "policy trainer 1", died=True), "ckpt/step_2")
     assert "rerun the same command to resume" in said and "ckpt/step_2" in said
