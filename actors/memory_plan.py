@@ -94,15 +94,27 @@ def plan_step(shape: Shape, lengths: Sequence[int], rows_per_micro_batch: int, f
     return Plan(longest, True, shape.row_bytes(longest, True), budget)
 
 
-def free_bytes(device, ranks_here: int) -> float:
+CPU_SHARE = 0.25  # of the node's memory, what the trainer ranks on it may hold by default (trainer.memory_limit_gb)
+
+
+def free_bytes(device, ranks_here: int, limit_gb: Optional[float] = None) -> float:
     """The memory this rank's step may take: on CUDA the device's free memory plus what torch holds cached; on CPU
-    the node's available memory shared by the `ranks_here` trainer ranks that step at once."""
+    the node's available memory shared by the `ranks_here` trainer ranks that step at once. Either way no more than
+    `limit_gb` (trainer.memory_limit_gb) less what the process holds now; on CPU the limit is by default a
+    CPU_SHARE of the node's memory split between those ranks: the node is shared with the engines, the reference
+    and reward models, and often other jobs, and what is available at the step's start is no promise for its end."""
     import torch
+    gib = float(1 << 30)
     if getattr(device, "type", str(device)) == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    import psutil
-    return psutil.virtual_memory().available / max(1, ranks_here)
+        free = float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+        held, limit = float(torch.cuda.memory_allocated(device)), (limit_gb * gib if limit_gb else None)
+    else:
+        import psutil
+        memory = psutil.virtual_memory()
+        free, held = memory.available / max(1, ranks_here), float(psutil.Process().memory_info().rss)
+        limit = limit_gb * gib if limit_gb else memory.total * CPU_SHARE / max(1, ranks_here)
+    return free if limit is None else max(0.0, min(free, limit - held))
 
 
 def describe(plan: Plan, rows_per_micro_batch: int, longest: int) -> str:
@@ -112,8 +124,8 @@ def describe(plan: Plan, rows_per_micro_batch: int, longest: int) -> str:
             if plan.max_tokens is not None else f"micro-batches of {rows_per_micro_batch} rows")
     gc = ", gradient checkpointing on" if plan.checkpointing else ""
     verdict = "" if plan.fits() else " - still more than fits: lower rollout.max_new_tokens"
-    return (f"memory plan: {what}{gc}: about {plan.need / gib:.1f} GiB of activations against "
-            f"{plan.free / gib:.1f} GiB free{verdict}")
+    return (f"memory plan: {what}{gc}: about {plan.need / gib:.1f} GiB of activations against the "
+            f"{plan.free / gib:.1f} GiB it may use{verdict}")
 
 
 def enable_checkpointing(model) -> None:
@@ -128,8 +140,10 @@ class MemoryPlanner:
     on, stays on (the next step's rows may be as long). Every rank takes the same plan, the most careful any rank
     made, so they run as many forwards, each with as many collectives."""
 
-    def __init__(self, model, shape: Shape, device, ranks_here: int, checkpointing: bool, rank: int = 0):
+    def __init__(self, model, shape: Shape, device, ranks_here: int, checkpointing: bool, rank: int = 0,
+                 limit_gb: Optional[float] = None):
         self.model, self.shape, self.device, self.ranks_here, self.rank = model, shape, device, ranks_here, rank
+        self.limit_gb = limit_gb  # trainer.memory_limit_gb
         self.checkpointing, self.said = checkpointing, None
         self.tokens: Optional[int] = None  # the last step's budget (None: the configured rows)
 
@@ -142,14 +156,15 @@ class MemoryPlanner:
         shape = (Shape.of(model.config, 4 if precision == "fp32" else 2, attn, on_cuda, tr.sequence_parallel_size)
                  if tr.plan_memory else None)
         ranks_here = 1 if on_cuda else world_size  # (on CPU every rank steps at once on the one node)
-        return None if shape is None else cls(model, shape, device, ranks_here, tr.gradient_checkpointing, rank)
+        return None if shape is None else cls(model, shape, device, ranks_here, tr.gradient_checkpointing, rank,
+                                              tr.memory_limit_gb)
 
     def budget(self, lengths: Sequence[int], rows_per_micro_batch: int, max_tokens: Optional[int],
                all_reduce_max) -> Optional[int]:
         """The padded-token budget of this step's micro-batches (None: `rows_per_micro_batch` rows)."""
         import torch
-        plan = plan_step(self.shape, lengths, rows_per_micro_batch, free_bytes(self.device, self.ranks_here),
-                         self.checkpointing, max_tokens)
+        free = free_bytes(self.device, self.ranks_here, self.limit_gb)
+        plan = plan_step(self.shape, lengths, rows_per_micro_batch, free, self.checkpointing, max_tokens)
         unset = float(1 << 62)  # (no budget: the configured rows)
         agreed = all_reduce_max(torch.tensor([float(plan.checkpointing), -float(plan.max_tokens or unset)],
                                              dtype=torch.float64))
@@ -168,8 +183,8 @@ class MemoryPlanner:
     def preview(self, tokens: int, rows: int, max_tokens: Optional[int]) -> str:
         """What a step of `rows` rows of `tokens` tokens would choose now, said before the first step (nothing is
         changed: each step still plans from its own rows)."""
-        plan = plan_step(self.shape, [tokens] * rows, rows, free_bytes(self.device, self.ranks_here),
-                         self.checkpointing, max_tokens)
+        free = free_bytes(self.device, self.ranks_here, self.limit_gb)
+        plan = plan_step(self.shape, [tokens] * rows, rows, free, self.checkpointing, max_tokens)
         where = getattr(self.device, "type", str(self.device))
         return f"on {where}, rows of {tokens} tokens: " + describe(plan, rows, tokens).removeprefix("memory plan: ")
 

@@ -130,10 +130,12 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
     chunked = path.startswith("chunked")
     rows = group * groups
     budget = re.search(r"\+mb(\d+)", path)  # trainer.max_tokens_per_micro_batch: the step in smaller micro-batches
+    limit = re.search(r"\+lim([\d.]+)", path)  # trainer.memory_limit_gb (+plan: the default, a quarter of the node)
     tr = TrainerConfig(lr=1e-5, batch_size=rows, micro_batch_size=rows, warmup_steps=0,
                        chunked_logprobs=chunked, gradient_checkpointing="+gc" in path,
                        shared_prefix="+shared" in path, max_tokens_per_micro_batch=budget and int(budget[1]),
-                       plan_memory="+plan" in path, world_size=split_of(path),
+                       plan_memory="+plan" in path, memory_limit_gb=limit and float(limit[1]),
+                       world_size=split_of(path),
                        sequence_parallel_size=split_of(path))
     trainer = PolicyTrainer(folder, tr, dtype="bfloat16", rank=rank, world_size=split_of(path),
                             master_port=port or None)
@@ -193,6 +195,7 @@ def main() -> None:
                    help="full logits (before), chunked_logprobs, + trainer.gradient_checkpointing (+gc), + "
                         "trainer.shared_prefix (+shared), + trainer.max_tokens_per_micro_batch N (+mbN), + "
                         "trainer.plan_memory (+plan; off otherwise, so a path means what it always did), + "
+                        "trainer.memory_limit_gb N (+limN, with +plan), + "
                         "trainer.sequence_parallel_size N (+spN: N processes, one rank each, sharing the cores)")
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--groups", type=int, default=1, help="prompts in the micro-batch, each with --group completions")

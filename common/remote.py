@@ -98,7 +98,8 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
 
 MEMORY_HINT = ("it ran out of memory. What lowers it: trainer.max_tokens_per_micro_batch (or a smaller "
                "trainer.micro_batch_size), trainer.gradient_checkpointing=true, trainer.chunked_logprobs=true (if "
-               "off), trainer.plan_memory=true (if off), trainer.sequence_parallel_size (more ranks a sequence), "
+               "off), trainer.plan_memory=true (if off) or a lower trainer.memory_limit_gb, "
+               "trainer.sequence_parallel_size (more ranks a sequence), "
                "shorter rollout.max_new_tokens or prompts, and on GPUs trainer.zero_stage=3 or "
                "trainer.offload=true; for a rollout engine, rollout.max_model_len and its memory share "
                "(rollout.gpu_memory_utilization, rollout.kv_cache_mb on CPU) (docs/configuration.md)")

@@ -97,6 +97,10 @@ class TrainerConfig:
     # against the memory free now; where they would not fit, take fewer rows a micro-batch (a token budget), and turn
     # gradient checkpointing on where even one row would not fit; said once in the log (actors/memory_plan.py)
     plan_memory: bool = True
+    # what a trainer rank's process may hold at its step's peak, in GiB, for plan_memory; null: on a GPU the device's
+    # free memory, on CPU a quarter of the node's memory split between the trainer ranks on it (the engines, the
+    # reference and the reward model share the node, often other jobs too)
+    memory_limit_gb: Optional[float] = None
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is

@@ -63,6 +63,8 @@ def check_trainer(cfg: RunConfig, p: Problems) -> None:
                                                                   tr.max_bad_steps), "must be >= 0")
     if cfg.placement.cpu_threads is not None:
         p.positive("placement.cpu_threads", cfg.placement.cpu_threads)
+    if tr.memory_limit_gb is not None:
+        p.positive("trainer.memory_limit_gb", tr.memory_limit_gb)
     if tr.max_tokens_per_micro_batch is not None:
         p.positive("trainer.max_tokens_per_micro_batch", tr.max_tokens_per_micro_batch)
     if tr.packing and cfg.stage == "rm":

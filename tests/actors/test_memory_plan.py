@@ -51,7 +51,7 @@ def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointin
     planned = PolicyTrainer(tiny_model_dir, tr)
     shape, longest = planned.ds.planner.shape, int(batch["attention_mask"].sum(1).max())
     one_row = shape.row_bytes(longest, False)
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 3 * one_row / memory_plan.SAFETY)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda *_: 3 * one_row / memory_plan.SAFETY)
     a, b = plain.sft_step(batch), planned.sft_step(batch)
     assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
     assert b["train/grad_norm"] == pytest.approx(a["train/grad_norm"], rel=1e-4)
@@ -61,9 +61,37 @@ def test_a_rank_short_of_memory_steps_in_smaller_micro_batches_with_checkpointin
     assert said.count("memory plan: micro-batches of") == 1 and "gradient checkpointing" not in said
     assert not planned.model.is_gradient_checkpointing
     # less than one row's worth: checkpointing goes on, and stays on
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 0.5 * one_row / memory_plan.SAFETY)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda *_: 0.5 * one_row / memory_plan.SAFETY)
     planned.sft_step(batch)
     assert planned.model.is_gradient_checkpointing and "gradient checkpointing on" in capsys.readouterr().out
+
+
+def test_a_limit_caps_what_a_step_may_use_at_the_limit_less_what_the_process_holds():
+    """trainer.memory_limit_gb: a step may use the limit less what the process holds now, never more than the node
+    has available; unset on CPU, a quarter of the node split between the trainer ranks on it."""
+    import psutil
+
+    from actors.memory_plan import CPU_SHARE, free_bytes
+    held = psutil.Process().memory_info().rss
+    assert free_bytes("cpu", 1, held / GIB + 1.0) == pytest.approx(GIB, abs=0.1 * GIB)
+    assert free_bytes("cpu", 1, held / GIB / 2) == 0.0
+    assert free_bytes("cpu", 2) <= psutil.virtual_memory().total * CPU_SHARE / 2 - held + 0.1 * GIB
+    assert free_bytes("cpu", 1, 1e6) <= 1.05 * psutil.virtual_memory().available
+
+
+def test_a_trainer_over_its_memory_limit_steps_one_row_at_a_time_with_checkpointing_and_the_same_update(
+        tiny_model_dir, capsys):
+    """No stand-in for the memory: a limit below what the process holds leaves nothing for activations, so the
+    step takes one row a micro-batch with checkpointing, says it cannot fit, and updates as the unplanned one."""
+    batch = sft_batches(tiny_model_dir, steps=1)[0]
+    tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
+    plain = PolicyTrainer(tiny_model_dir, TrainerConfig(**{**tr.__dict__, "plan_memory": False}))
+    limited = PolicyTrainer(tiny_model_dir, TrainerConfig(**{**tr.__dict__, "memory_limit_gb": 0.01}))
+    a, b = plain.sft_step(batch), limited.sft_step(batch)
+    assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-5)
+    assert b["train/planned_tokens"] == batch["attention_mask"].shape[1] and b["train/checkpointing"] == 1.0
+    said = capsys.readouterr().out
+    assert "gradient checkpointing on" in said and "still more than fits" in said
 
 
 def test_before_the_first_step_a_trainer_says_the_plan_for_the_longest_rows_and_changes_nothing(tiny_model_dir,
@@ -73,13 +101,13 @@ def test_before_the_first_step_a_trainer_says_the_plan_for_the_longest_rows_and_
     tr = TrainerConfig(lr=1e-3, batch_size=16, micro_batch_size=16, warmup_steps=0)
     trainer = PolicyTrainer(tiny_model_dir, tr)
     one_row = trainer.ds.planner.shape.row_bytes(256, False)
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 4 * one_row / memory_plan.SAFETY)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda *_: 4 * one_row / memory_plan.SAFETY)
     said = trainer.memory_plan(256)
     assert said.startswith("on cpu, rows of 256 tokens: micro-batches of 1024 padded tokens (4 row(s) of 256)")
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 0.5 * one_row / memory_plan.SAFETY)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda *_: 0.5 * one_row / memory_plan.SAFETY)
     assert "gradient checkpointing on" in trainer.memory_plan(256)
     assert not trainer.model.is_gradient_checkpointing  # a preview: each step still plans from its own rows
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device, ranks: 64 * one_row / memory_plan.SAFETY)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda *_: 64 * one_row / memory_plan.SAFETY)
     assert "micro-batches of 16 rows" in trainer.memory_plan(256)
     assert PolicyTrainer(tiny_model_dir, TrainerConfig(plan_memory=False)).memory_plan(256) is None
 
