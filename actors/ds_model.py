@@ -19,6 +19,7 @@ from actors.ds_config import deepspeed_config, make_optimizer, warmup_lambda
 from actors.ds_guards import restricted_checkpoint_engine, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.memory_plan import MemoryPlanner, enable_checkpointing
+from actors.moe import RouterTap
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from actors.sequence_parallel import SequenceParallel, loss_scale, sequence_groups
 from common.batch import Batch, attention_inputs, first_target, split_batch
@@ -93,6 +94,7 @@ class DSModel:
         self.loss_scale = loss_scale(tr.zero_stage, tr.sequence_parallel_size)
         self.trims_logits = self.trims_logits and self.split is None  # (a split forward returns every position)
         self.planner = MemoryPlanner.attach(self.module, tr, self.precision, self.device, world_size, rank)
+        self.routers = RouterTap.attach(self.module, tr.router_aux_loss_coef)  # (a mixture of experts)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
@@ -127,7 +129,8 @@ class DSModel:
         (trainer.chunked_logprobs) a `HeadOutput`: the hidden states in that layout, the log-prob functions apply
         the head."""
         self.resident()
-        with autocast(self.precision, self.device):
+        routing = self.routers.recording() if self.routers is not None else nullcontext()
+        with autocast(self.precision, self.device), routing:
             if self.head is None:
                 return self._forward(mb)
             with self.head.deferring():
@@ -225,7 +228,7 @@ class DSModel:
         """
         count = mini["loss_mask"].sum() if agg == "token-mean" else torch.tensor(len(mini["input_ids"]))
         normalizer = self.all_reduce_sum(count.float()).item() / self.world_size
-        micro_batches = [mb for _, mb in self._micro_batches(mini, unit)]
+        micro_batches, rows = [mb for _, mb in self._micro_batches(mini, unit)], len(mini["input_ids"])
         loss_sum, grad_norm, sums, weight, bad = 0.0, None, {}, 0.0, torch.zeros(())
         skipped_before = self.engine.skipped_steps
         for i, mb in enumerate(micro_batches):
@@ -233,6 +236,9 @@ class DSModel:
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
             mb = self.on_device(mb)
             loss, m = loss_fn(mb, self(mb), normalizer)
+            if self.routers is not None:
+                loss, routed = self.routers.add_aux_loss(loss, mb.get("attention_mask"), len(mb["input_ids"]) / rows)
+                m = {**m, **routed}
             bad += float(not torch.isfinite(loss.detach()).all())
             with self._split_attention():
                 self.engine.backward(loss * self.loss_scale, scale_wrt_gas=False)

@@ -18,6 +18,7 @@ from algorithms.dpo import dpo_objective
 from algorithms.objective import rl_objective
 from algorithms.sft import nll_loss
 from common.batch import Batch, sequence_logprobs
+from common.checkpoint_format import as_checkpoint, fuses_tensors
 from common.dtypes import DTYPES, weights_dtype
 from common.net import node_address
 from common.schema import AlgorithmConfig, LoraConfig, TrainerConfig, precision_of
@@ -54,6 +55,7 @@ class PolicyTrainer:
         self.rank, self.cfg, self.temperature = rank, tr, logprob_temperature
         self.trust_remote_code = trust_remote_code
         self.export_dtype = DTYPES[dtype]  # the engines' (model.dtype), whatever the trainer's weights are in
+        self.fused = fuses_tensors(self.model)  # (mixture-of-experts layers: exported as the checkpoint's experts)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -204,8 +206,13 @@ class PolicyTrainer:
     def weight_specs(self) -> list[TensorSpec]:
         """Name, full shape and dtype of every exported parameter, in export order. Tied weights are listed under
         each of their names (as in a state dict): vLLM keeps its own lm_head copy, which a reload must overwrite."""
-        return [replace(spec_of(n, p, getattr(p, "ds_shape", None)), dtype=str(self.export_dtype))
-                for n, p, _ in self._export_params()]
+        specs = []
+        for n, p, _ in self._export_params():
+            shape = tuple(getattr(p, "ds_shape", None) or p.shape)  # (ZeRO-3 holds a shard: the full shape)
+            whole = torch.empty(shape, dtype=self.export_dtype, device="meta")
+            parts = as_checkpoint(self.model, n, whole) if self.fused else [(n, whole)]
+            specs += [replace(spec_of(name, part, None), dtype=str(self.export_dtype)) for name, part in parts]
+        return specs
 
     def _export_params(self) -> Iterator[tuple[str, torch.nn.Parameter, Optional[torch.nn.Module]]]:
         """(checkpoint name, parameter, LoRA layer whose delta must be added or None). With LoRA, adapter weights
@@ -233,7 +240,8 @@ class PolicyTrainer:
                     full = p.data + lora_layer.get_delta_weight(lora_layer.active_adapters[0])
                 else:
                     full = p.data.detach().clone() if self.cfg.zero_stage == 3 else p.data.detach()
-                yield name, full.to(self.export_dtype)  # bf16-mixed, fp32 trainers: cast to the engines' dtype
+                full = full.to(self.export_dtype)  # bf16-mixed, fp32 trainers: cast to the engines' dtype
+                yield from as_checkpoint(self.model, name, full) if self.fused else [(name, full)]
 
     def export_weights(self) -> list[tuple[str, torch.Tensor]]:
         """All full weights at once (every rank must call this under ZeRO-3; only rank 0 returns them)."""

