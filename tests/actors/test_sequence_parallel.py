@@ -74,3 +74,30 @@ def test_a_model_whose_heads_do_not_split_is_refused_with_the_reason():
     qwen = SimpleNamespace(num_attention_heads=14, num_key_value_heads=2, sliding_window=4096,
                            use_sliding_window=False)
     assert refusal(qwen, None, 2) is None
+
+
+@pytest.mark.slow
+def test_two_sequence_parallel_groups_one_with_nothing_to_train_match_one_process(ray_local, tiny_model_dir):
+    """Four ranks: 2 data-parallel groups x 2 sequence-parallel ranks, under ZeRO-3 (every parameter gathered in each
+    forward, so every rank must run as many). The first group's rows are short and train nothing (their loss mask
+    is empty), the second's are long: every all-to-all and gather still runs as often on every rank, the run
+    finishes, and the update is the one process's."""
+    from actors.group import ActorGroup
+
+    algo, tr = AlgorithmConfig(), replace(TR, zero_stage=3)
+    batch = rows(2)
+    batch["loss_mask"][:2] = False  # the first data-parallel group's two rows
+    batch["advantages"] = torch.where(batch["loss_mask"], batch["advantages"], 0.0)
+    single = PolicyTrainer(tiny_model_dir, replace(tr, zero_stage=0))
+    group = ActorGroup(PolicyTrainer, "policy trainer", 4, sequence_parallel=2, model_path=tiny_model_dir,
+                       tr=replace(tr, world_size=4, sequence_parallel_size=2))
+    try:
+        got = group.compute_logprobs(batch)
+        assert (got - single.compute_logprobs(batch)).abs().max() < 1e-5
+        metrics, expected = group.train_step(batch, algo), single.train_step(batch, algo)
+        assert metrics["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
+        weights = dict(group.export_weights())
+        for name, w in single.iter_weights():
+            assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+    finally:
+        group.kill()
