@@ -94,27 +94,34 @@ def plan_step(shape: Shape, lengths: Sequence[int], rows_per_micro_batch: int, f
     return Plan(longest, True, shape.row_bytes(longest, True), budget)
 
 
-CPU_SHARE = 0.25  # of the node's memory, what the trainer ranks on it may hold by default (trainer.memory_limit_gb)
+HEAD_WORKSET = 3 * 256 * 2**20  # the deferred head's chunk of fp32 logits (actors.logits), its softmax and gradient
 
 
-def free_bytes(device, ranks_here: int, limit_gb: Optional[float] = None) -> float:
+def step_overhead(model, precision: str, zero_stage: int, world_size: int, deferred_head: bool) -> float:
+    """Bytes a step allocates beyond the activations `Shape` counts, which the process does not hold yet when it
+    plans: the trained parameters' gradients (16-bit ones and the optimizer's fp32 copies under a 16-bit "true"
+    precision; partitioned over the ranks under ZeRO 2-3) and the deferred head's working set."""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    grad_bytes = 6 if precision in ("bf16-true", "fp16-true") else 4
+    return trained * grad_bytes / (world_size if zero_stage >= 2 else 1) + (HEAD_WORKSET if deferred_head else 0)
+
+
+def free_bytes(device, ranks_here: int, limit_gb: Optional[float] = None, pending: float = 0.0) -> float:
     """The memory this rank's step may take: on CUDA the device's free memory plus what torch holds cached; on CPU
-    the node's available memory shared by the `ranks_here` trainer ranks that step at once. Either way no more than
-    `limit_gb` (trainer.memory_limit_gb) less what the process holds now; on CPU the limit is by default a
-    CPU_SHARE of the node's memory split between those ranks: the node is shared with the engines, the reference
-    and reward models, and often other jobs, and what is available at the step's start is no promise for its end."""
+    the node's available memory shared by the `ranks_here` trainer ranks that step at once; less `pending`, what
+    the step's own buffers will take (step_overhead). With `limit_gb` (trainer.memory_limit_gb), no more than that
+    limit less what the process holds now and `pending`."""
     import torch
-    gib = float(1 << 30)
     if getattr(device, "type", str(device)) == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         free = float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-        held, limit = float(torch.cuda.memory_allocated(device)), (limit_gb * gib if limit_gb else None)
+        held = float(torch.cuda.memory_allocated(device))
     else:
         import psutil
-        memory = psutil.virtual_memory()
-        free, held = memory.available / max(1, ranks_here), float(psutil.Process().memory_info().rss)
-        limit = limit_gb * gib if limit_gb else memory.total * CPU_SHARE / max(1, ranks_here)
-    return free if limit is None else max(0.0, min(free, limit - held))
+        free, held = psutil.virtual_memory().available / max(1, ranks_here), float(psutil.Process().memory_info().rss)
+    limit = limit_gb * float(1 << 30) if limit_gb else None
+    free -= pending  # what the step's own buffers will take (step_overhead)
+    return max(0.0, free if limit is None else min(free, limit - held - pending))
 
 
 def describe(plan: Plan, rows_per_micro_batch: int, longest: int) -> str:
@@ -141,9 +148,9 @@ class MemoryPlanner:
     made, so they run as many forwards, each with as many collectives."""
 
     def __init__(self, model, shape: Shape, device, ranks_here: int, checkpointing: bool, rank: int = 0,
-                 limit_gb: Optional[float] = None):
+                 limit_gb: Optional[float] = None, pending: float = 0.0):
         self.model, self.shape, self.device, self.ranks_here, self.rank = model, shape, device, ranks_here, rank
-        self.limit_gb = limit_gb  # trainer.memory_limit_gb
+        self.limit_gb, self.pending = limit_gb, pending  # trainer.memory_limit_gb; step_overhead
         self.checkpointing, self.said = checkpointing, None
         self.tokens: Optional[int] = None  # the last step's budget (None: the configured rows)
 
@@ -156,14 +163,16 @@ class MemoryPlanner:
         shape = (Shape.of(model.config, 4 if precision == "fp32" else 2, attn, on_cuda, tr.sequence_parallel_size)
                  if tr.plan_memory else None)
         ranks_here = 1 if on_cuda else world_size  # (on CPU every rank steps at once on the one node)
-        return None if shape is None else cls(model, shape, device, ranks_here, tr.gradient_checkpointing, rank,
-                                              tr.memory_limit_gb)
+        if shape is None:
+            return None
+        pending = step_overhead(model, precision, tr.zero_stage, world_size, tr.chunked_logprobs)
+        return cls(model, shape, device, ranks_here, tr.gradient_checkpointing, rank, tr.memory_limit_gb, pending)
 
     def budget(self, lengths: Sequence[int], rows_per_micro_batch: int, max_tokens: Optional[int],
                all_reduce_max) -> Optional[int]:
         """The padded-token budget of this step's micro-batches (None: `rows_per_micro_batch` rows)."""
         import torch
-        free = free_bytes(self.device, self.ranks_here, self.limit_gb)
+        free = free_bytes(self.device, self.ranks_here, self.limit_gb, self.pending)
         plan = plan_step(self.shape, lengths, rows_per_micro_batch, free, self.checkpointing, max_tokens)
         unset = float(1 << 62)  # (no budget: the configured rows)
         agreed = all_reduce_max(torch.tensor([float(plan.checkpointing), -float(plan.max_tokens or unset)],
@@ -183,7 +192,7 @@ class MemoryPlanner:
     def preview(self, tokens: int, rows: int, max_tokens: Optional[int]) -> str:
         """What a step of `rows` rows of `tokens` tokens would choose now, said before the first step (nothing is
         changed: each step still plans from its own rows)."""
-        free = free_bytes(self.device, self.ranks_here, self.limit_gb)
+        free = free_bytes(self.device, self.ranks_here, self.limit_gb, self.pending)
         plan = plan_step(self.shape, [tokens] * rows, rows, free, self.checkpointing, max_tokens)
         where = getattr(self.device, "type", str(self.device))
         return f"on {where}, rows of {tokens} tokens: " + describe(plan, rows, tokens).removeprefix("memory plan: ")

@@ -97,9 +97,9 @@ class TrainerConfig:
     # against the memory free now; where they would not fit, take fewer rows a micro-batch (a token budget), and turn
     # gradient checkpointing on where even one row would not fit; said once in the log (actors/memory_plan.py)
     plan_memory: bool = True
-    # what a trainer rank's process may hold at its step's peak, in GiB, for plan_memory; null: on a GPU the device's
-    # free memory, on CPU a quarter of the node's memory split between the trainer ranks on it (the engines, the
-    # reference and the reward model share the node, often other jobs too)
+    # what a trainer rank's process may hold at its step's peak, in GiB, for plan_memory (a node shared with the
+    # engines, other models or other jobs); null: what is free (the GPU's; on CPU the node's available memory shared
+    # by the trainer ranks on it)
     memory_limit_gb: Optional[float] = None
     # a mixture of experts: the weight of the routers' load-balancing loss (Switch Transformer, as transformers
     # computes it) added to the training loss; null: the model config's router_aux_loss_coef where the config sets
