@@ -33,13 +33,25 @@ def record_widths(trainer) -> None:
     embed.register_forward_pre_hook(lambda module, args: trainer.widths.append(args[0].shape[1]))
 
 
+def assert_one_update(group, single, batch: dict, got: torch.Tensor) -> None:
+    """The group's log-probs `got`, then its update, equal the single process's on the whole batch."""
+    algo = AlgorithmConfig()
+    assert (got - single.compute_logprobs(batch)).abs().max() < 1e-5
+    metrics, expected = group.train_step(batch, algo), single.train_step(batch, algo)
+    assert metrics["policy/loss"] == pytest.approx(expected["policy/loss"], rel=1e-5, abs=1e-7)
+    assert metrics["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
+    weights = dict(group.export_weights())
+    for name, w in single.iter_weights():
+        assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [{}, {"zero_stage": 3},  # (ZeRO-3 reduces gradients its own way)
                                    {"zero_stage": 2, "gradient_checkpointing": True, "max_tokens_per_micro_batch": 80}])
 def test_two_sequence_parallel_ranks_compute_what_one_process_does(ray_local, tiny_model_dir, extra):
     from actors.group import ActorGroup
 
-    algo, tr = AlgorithmConfig(), replace(TR, **extra)
+    tr = replace(TR, **extra)
     single = PolicyTrainer(tiny_model_dir, replace(tr, zero_stage=0))
     group = ActorGroup(PolicyTrainer, "policy trainer", 2, sequence_parallel=2, model_path=tiny_model_dir,
                        tr=replace(tr, world_size=2, sequence_parallel_size=2))
@@ -51,13 +63,7 @@ def test_two_sequence_parallel_ranks_compute_what_one_process_does(ray_local, ti
             assert got.shape == batch["loss_mask"].shape
             seen = ray_local.get([a.__ray_call__.remote(lambda t: t.widths) for a in group.actors], timeout=60)
             assert seen[0] == seen[1] and max(seen[0]) == (batch["input_ids"].shape[1] + 1) // 2  # half each
-            assert (got - single.compute_logprobs(batch)).abs().max() < 1e-5
-            metrics, expected = group.train_step(batch, algo), single.train_step(batch, algo)
-            assert metrics["policy/loss"] == pytest.approx(expected["policy/loss"], rel=1e-5, abs=1e-7)
-            assert metrics["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
-            weights = dict(group.export_weights())
-            for name, w in single.iter_weights():
-                assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+            assert_one_update(group, single, batch, got)
     finally:
         group.kill()
 
@@ -84,7 +90,7 @@ def test_two_sequence_parallel_groups_one_with_nothing_to_train_match_one_proces
     finishes, and the update is the one process's."""
     from actors.group import ActorGroup
 
-    algo, tr = AlgorithmConfig(), replace(TR, zero_stage=3)
+    tr = replace(TR, zero_stage=3)
     batch = rows(2)
     batch["loss_mask"][:2] = False  # the first data-parallel group's two rows
     batch["advantages"] = torch.where(batch["loss_mask"], batch["advantages"], 0.0)
@@ -92,12 +98,6 @@ def test_two_sequence_parallel_groups_one_with_nothing_to_train_match_one_proces
     group = ActorGroup(PolicyTrainer, "policy trainer", 4, sequence_parallel=2, model_path=tiny_model_dir,
                        tr=replace(tr, world_size=4, sequence_parallel_size=2))
     try:
-        got = group.compute_logprobs(batch)
-        assert (got - single.compute_logprobs(batch)).abs().max() < 1e-5
-        metrics, expected = group.train_step(batch, algo), single.train_step(batch, algo)
-        assert metrics["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-5)
-        weights = dict(group.export_weights())
-        for name, w in single.iter_weights():
-            assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+        assert_one_update(group, single, batch, group.compute_logprobs(batch))
     finally:
         group.kill()
