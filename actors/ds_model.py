@@ -18,7 +18,7 @@ from actors.dist import init_deepspeed_distributed
 from actors.ds_config import deepspeed_config, make_optimizer, warmup_lambda
 from actors.ds_guards import restricted_checkpoint_engine, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
-from actors.memory_plan import MemoryPlanner, enable_checkpointing
+from actors.memory_plan import MemoryPlanner, enable_checkpointing, return_freed_memory
 from actors.moe import RouterTap
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from actors.sequence_parallel import SequenceParallel, loss_scale, sequence_groups
@@ -242,6 +242,8 @@ class DSModel:
             bad += float(not torch.isfinite(loss.detach()).all())
             with self._split_attention():
                 self.engine.backward(loss * self.loss_scale, scale_wrt_gas=False)
+            if self.device.type == "cpu" and i < len(micro_batches) - 1:
+                return_freed_memory()  # the next micro-batch's activations then reuse these pages, not new ones
             skip = False
             if i == len(micro_batches) - 1:  # the boundary: decide together, before any rank steps
                 grad_norm = self._stage0_grad_norm()
