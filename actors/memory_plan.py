@@ -101,7 +101,7 @@ def step_overhead(model, precision: str, zero_stage: int, world_size: int, defer
     """Bytes a step allocates beyond the activations `Shape` counts, which the process does not hold yet when it
     plans: the trained parameters' gradients (16-bit ones and the optimizer's fp32 copies under a 16-bit "true"
     precision; partitioned over the ranks under ZeRO 2-3) and the deferred head's working set."""
-    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trained = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)  # (ZeRO-3)
     grad_bytes = 6 if precision in ("bf16-true", "fp16-true") else 4
     return trained * grad_bytes / (world_size if zero_stage >= 2 else 1) + (HEAD_WORKSET if deferred_head else 0)
 

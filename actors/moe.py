@@ -45,7 +45,7 @@ class RouterTap:
         return cls(routers, aux_loss_coef(coef, model.config)) if routers else None
 
     def _record(self, module, args, output) -> None:
-        if self.on:
+        if self.on and torch.is_grad_enabled():  # (a no-grad forward, old log-probs: nothing to add a loss to)
             logits, _, indices = output
             self.logits.append(logits)
             self.indices.append(indices.detach())
@@ -63,6 +63,8 @@ class RouterTap:
         """`loss` plus coef x the load-balancing loss of the last recorded forward, weighted by `share` (this
         micro-batch's part of the rank's rows); and its metrics. `mask` (B, T) is used where the routers saw the
         padded rows (a packed or split forward routes other token lists: all of them count)."""
+        if not self.logits:
+            return loss, {}
         logits = torch.stack(self.logits)  # (L, N, E)
         mask = mask.reshape(-1) if mask is not None and mask.numel() == logits.shape[1] else None
         aux = load_balancing_loss(logits, self.top_k, mask)

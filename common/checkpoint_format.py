@@ -24,8 +24,8 @@ def as_checkpoint(model, name: str, tensor: torch.Tensor) -> Iterator[tuple[str,
     from transformers.core_model_loading import revert_weight_conversion
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     parts = revert_weight_conversion(base, {name: tensor})
-    if len(parts) == 1:  # not fused (a rename alone is left as it was: vLLM has always loaded these names)
-        yield name, tensor
+    if len(parts) == 1 and next(iter(parts.values())).shape == tensor.shape:
+        yield name, tensor  # not fused (a rename alone is left as it was: vLLM has always loaded these names)
         return
     for part, value in parts.items():
         yield part, value.contiguous()
@@ -38,11 +38,10 @@ def checkpoint_slots(model) -> dict[str, tuple[torch.Tensor, Optional[torch.Tens
     fused = fuses_tensors(model)
     for name, p in model.named_parameters(remove_duplicate=False):
         slots[name] = (p, None)
-        if fused:
+        if fused and [n for n, _ in as_checkpoint(model, name, torch.empty(p.shape, device="meta"))] != [name]:
             positions = torch.arange(p.numel()).view(p.shape)  # the reverse conversion moves them as it moves values
             for part, where in as_checkpoint(model, name, positions):
-                if part != name:
-                    slots[part] = (p, where.reshape(-1))
+                slots[part] = (p, where.reshape(-1))
     return slots
 
 

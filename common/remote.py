@@ -11,11 +11,13 @@ from common.batch import Batch, shards
 class WorkerDied(RuntimeError):
     """A worker did not answer: `role` names it; `died` is True when its process is gone (Ray restarts an actor made
     with `max_restarts`), `raised` when its method raised (the message then holds the exception and where it was
-    raised: a rerun would fail the same way); neither: it timed out."""
+    raised: a rerun would fail the same way); neither: it timed out. `start_failed`: what raised was its __init__, so
+    the worker is gone for good (no restart, no retry of the call)."""
 
-    def __init__(self, message: str, role: str = "", died: bool = False, raised: bool = False):
+    def __init__(self, message: str, role: str = "", died: bool = False, raised: bool = False,
+                 start_failed: bool = False):
         super().__init__(message)
-        self.role, self.died, self.raised = role, died, raised
+        self.role, self.died, self.raised, self.start_failed = role, died, raised, start_failed
         self.out_of_memory = message.endswith(MEMORY_HINT)
 
 
@@ -86,7 +88,7 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
         except RayActorError as e:
             if e.actor_init_failed:  # its __init__ raised: Ray wraps the worker's own error in a death
                 raise WorkerDied(memory_hint(f"{role_of[ready[0]]} raised {task_error_cause(e)} while starting"),
-                                 role_of[ready[0]], raised=True) from None
+                                 role_of[ready[0]], raised=True, start_failed=True) from None
             killed = memory_kill(str(e))  # Ray's paragraph and its top-10 table, as one clause
             raise WorkerDied(memory_hint(f"{role_of[ready[0]]} died: {killed or e}"), role_of[ready[0]],
                              died=True) from None

@@ -151,7 +151,7 @@ def restore_newest(cfg: RunConfig, stage: "Stage", folder: str, state: dict) -> 
             stage.restore(folder, state)
             return folder, state
         except Exception as e:  # noqa: BLE001 — any error of a loader; a dead worker is re-raised below
-            if isinstance(e, WorkerDied) and not e.raised:
+            if isinstance(e, WorkerDied) and (not e.raised or e.start_failed):
                 raise
             cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             failed = folder

@@ -240,12 +240,12 @@ class AgentRunner:
             samples = group.collect(group.submit([c.plan.prompt_ids for c in calls], replace(
                 sampling, max_new_tokens=max(budgets), budgets=budgets), engines))
         except WorkerDied as e:
-            if e.raised and len(calls) > 1:
+            if e.raised and not e.start_failed and len(calls) > 1:
                 for c in calls:
                     self._generate(group, [c], sampling)
                 return
             _failed(calls, e)
-            if not e.raised:
+            if not e.raised or e.start_failed:  # (an engine whose restart raised in __init__ is gone for good)
                 raise
             self.rejected += 1
             print(f"warning: the engine rejected one agent call (its episode ends; {self.rejected} so far): {e}",

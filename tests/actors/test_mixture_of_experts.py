@@ -112,3 +112,17 @@ def test_an_moe_update_under_zero_2_and_3_equals_zero_0s_and_exports_the_same_ex
     expected = dict(plain.iter_weights())
     for name, w in sharded.iter_weights():  # 1% of the first Adam step (lr x sign): an expert few tokens reached
         assert torch.allclose(w, expected[name], atol=1e-4), name  # has gradients near Adam's eps, rounding-sensitive
+
+
+def test_a_single_expert_layer_is_still_exported_under_its_checkpoint_name(tmp_path):
+    """One expert: transformers' reverse conversion gives one part, under another name and shape than the fused
+    parameter (a (1, H, I) down_proj is experts.0.down_proj.weight (H, I)); it is not a rename to skip."""
+    from safetensors import safe_open
+
+    from rlhf.weights.tiny import save_tiny_model
+    folder = save_tiny_model(TinyModelConfig(arch="qwen3_moe", num_experts=1, experts_per_token=1),
+                             str(tmp_path / "one"))
+    trainer = PolicyTrainer(folder, TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=16, warmup_steps=0))
+    with safe_open(f"{folder}/model.safetensors", "pt") as f:
+        stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    assert {s.name: s.shape for s in trainer.weight_specs() if s.name != "lm_head.weight"} == stored

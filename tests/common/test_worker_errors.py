@@ -52,7 +52,7 @@ def test_a_worker_whose_start_raised_is_reported_by_its_own_error_not_as_a_death
     actor = make_actor(Trainer, "policy trainer 0", None, 29500)
     with pytest.raises(WorkerDied) as e:
         ray_get([actor.step.remote()], 60, ["policy trainer 0"])
-    assert e.value.raised and not e.value.died
+    assert e.value.raised and e.value.start_failed and not e.value.died  # gone for good: no retry, no restart
     assert str(e.value).startswith("policy trainer 0 raised OSError: the port 29500 is taken (EADDRINUSE)")
     assert "test_worker_errors.py:" in str(e.value) and "in __init__" in str(e.value)
     said = worker_died(e.value, None)
