@@ -126,3 +126,30 @@ def test_a_single_expert_layer_is_still_exported_under_its_checkpoint_name(tmp_p
     with safe_open(f"{folder}/model.safetensors", "pt") as f:
         stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     assert {s.name: s.shape for s in trainer.weight_specs() if s.name != "lm_head.weight"} == stored
+
+
+@pytest.mark.slow
+def test_two_zero3_ranks_on_an_moe_one_with_nothing_to_train_finish_with_the_router_loss_on(ray_local, moe_dir):
+    """Two ranks whose rows differ, the first training nothing (empty loss mask), under ZeRO-3 with the router loss
+    on: the router tap adds no collective, so both ranks finish the step, agree on the grad norm, and log the
+    router metrics; with the router loss off the update equals one process's."""
+    from dataclasses import replace
+
+    from actors.group import ActorGroup
+    from common.batch import shards
+    batch = sft_batches(moe_dir, steps=1)[0]
+    parts = shards(batch, 2)
+    parts[0]["loss_mask"][:] = False
+    tr = TrainerConfig(lr=1e-2, batch_size=16, micro_batch_size=4, warmup_steps=0, zero_stage=3, world_size=2)
+    for coef in (0.1, 0.0):
+        group = ActorGroup(PolicyTrainer, "policy trainer", 2, model_path=moe_dir,
+                           tr=replace(tr, router_aux_loss_coef=coef))
+        try:
+            got = ray_local.get([a.sft_step.remote(p) for a, p in zip(group.actors, parts)], timeout=300)
+        finally:
+            group.kill()
+        assert got[0]["train/grad_norm"] == pytest.approx(got[1]["train/grad_norm"]) and got[0]["train/grad_norm"] > 0
+        assert all("moe/expert_load" in m and m["train/router_aux_loss"] >= 2.0 for m in got)
+    single = PolicyTrainer(moe_dir, replace(tr, zero_stage=0, world_size=1))
+    whole = {**batch, "loss_mask": torch.cat([parts[0]["loss_mask"], parts[1]["loss_mask"]])}
+    assert got[0]["train/grad_norm"] == pytest.approx(single.sft_step(whole)["train/grad_norm"], rel=1e-4)
