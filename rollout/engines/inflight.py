@@ -10,6 +10,10 @@ calls; after it the kept requests go on under the new weights, by `rollout.infli
   new weights before it continues (vLLM's reset_prefix_cache(reset_running_requests=True)).
 Requests added after a sync never reuse an older version's cached prefix (each version salts the prefix cache).
 A request that fills the engine's max_model_len ends there with "length", inside the engine.
+An engine core in a process of its own (GPU runs' default) steps by itself whenever it has requests; between calls
+its scheduler is paused (requests and their KV kept), so there too every token is sampled inside a call, by the
+weights the driver tags it with, and a sync lands on an engine that computes nothing (GPU review 4, finding 7).
+vLLM's own record of which weights sampled each token (`RequestOutput.weight_versions`) carries the same versions.
 
 `KeptRequests` is vLLM's; `RegeneratedRequests` gives any engine with a `generate` the same interface, its kept
 requests' contexts held inside the engine and recomputed every call (the transformers engine)."""
@@ -84,13 +88,20 @@ class KeptRequests:
         # evaluations, the synchronous loop).
         self.ended = Counts()
         self.first = self.other = 0
+        core = self.engine.engine_core
+        self.own_process = hasattr(core, "call_utility")  # a SyncMPClient: its core runs in its own process
+        self.held = False  # that core's scheduler paused: it computes nothing until the next call
+        self.engine.set_weight_version(self._salt())
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         ended = [self._add(r, sampling) for r in new]
-        for _ in range(steps):
-            if not self.live or not self.engine.has_unfinished_requests():
-                break
-            self._step()
+        if steps > 0 and self.live:
+            self._release()
+            for _ in range(steps):
+                if not self.live or not self.engine.has_unfinished_requests():
+                    break
+                self._step()
+            self._hold()
         deltas = [d for d in ended if d is not None] + self._hand_out()
         again = vllm_counts(self.llm).prefill - self.other - self.first  # preempted, recomputed, restarted
         return Advanced(deltas, self.ended.prefill + max(again, 0), self.ended.generated)
@@ -100,6 +111,7 @@ class KeptRequests:
         what it computes is not counted as theirs."""
         if self.live:
             return self.run_beside(inputs, params)
+        self._release()
         before = vllm_counts(self.llm).prefill
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)
         self.other += vllm_counts(self.llm).prefill - before
@@ -112,10 +124,12 @@ class KeptRequests:
         before = vllm_counts(self.llm).prefill - self.first
         for rid, inp, p in zip(ids, inputs, params):
             self.engine.add_request(rid, dict(inp, cache_salt=self._salt()), p, lora_request=self.lora_request)
+        self._release()
         done: dict[str, object] = {}
         while len(done) < len(ids):
             for rid, out in self._step().items():
                 done[rid] = out
+        self._hold()
         self.other += vllm_counts(self.llm).prefill - self.first - before  # (less kept requests' first prefills)
         return [done[rid] for rid in ids]
 
@@ -123,6 +137,7 @@ class KeptRequests:
         """After a full-weight reload: later requests get a fresh prefix-cache salt; kept ones go on by
         inflight_kv (recompute: preempted, re-prefilled by the new weights)."""
         self.version += 1
+        self.engine.set_weight_version(self._salt())  # (nothing runs: held, or no request kept)
         if self.live and self.inflight_kv == "recompute":
             self.llm.reset_prefix_cache(reset_running_requests=True)
         elif not self.live:  # (with requests running it cannot; the salt keeps later ones off the old blocks)
@@ -132,6 +147,7 @@ class KeptRequests:
         """A LoRA adapter sync: the old adapter goes, so every kept request starts again under the new one from
         its context so far (prompt and tokens produced), inside the engine: the recompute of a full-weight sync."""
         self.version += 1
+        self.engine.set_weight_version(self._salt())
         old, self.lora_request = self.live, lora_request
         self.engine.abort_request(list(old))
         self.live = {}
@@ -186,6 +202,23 @@ class KeptRequests:
             finish = ("length" if c.finish_reason == "length" else "stop") if out.finished else None
             live.take(list(c.token_ids), logps, finish)
         return finished
+
+    def _hold(self) -> None:
+        """An engine core in its own process: pause its scheduler with the requests and their KV kept (vLLM's
+        pause "keep": answered once the core is idle, after every output it sent before), then take in what it
+        produced up to there. The in-process core only steps when `_step` asks it to."""
+        if not self.own_process or self.held or not self.live:
+            return
+        self.engine.engine_core.call_utility("pause_scheduler", "keep", False)
+        self.held = True
+        waiting = self.engine.engine_core.outputs_queue  # (its outputs arrive in order, before the pause's answer)
+        while not waiting.empty():
+            self._step()
+
+    def _release(self) -> None:
+        if self.held:
+            self.engine.engine_core.call_utility("resume_scheduler")
+            self.held = False
 
     def _hand_out(self) -> list[Delta]:
         out = []

@@ -148,3 +148,43 @@ def test_a_lora_adapter_sync_starts_kept_requests_again_under_the_new_adapter(gr
     (now,), _ = group.advance([[]], SAMPLING, 0, rows=4)  # each context (prompt + 4 tokens) prefilled again, and
     # each sample's first prefill, counted when it ended
     assert now.prefill_tokens - counted.prefill_tokens == sum((len(p) + 4) + len(p) for p in prompts)
+
+
+def _version_starts(engine) -> dict[str, list]:
+    """In the engine's actor: vLLM's own record of which weights sampled each kept request's tokens so far,
+    {request id: [(version label, first token index), ...]}."""
+    states = engine.llm.llm_engine.output_processor.request_states
+    return {rid.rsplit("-", 1)[0]: list(s.weight_version_starts) for rid, s in states.items()}  # (vLLM's suffix)
+
+
+@pytest.mark.slow
+def test_a_multiprocess_engine_core_samples_only_inside_calls(ray_local, tiny_model_dir):
+    """GPU review 4, finding 7: an engine core in its own process steps by itself. Left running between calls, it
+    samples tokens the next call hands out after a sync, tagged with the new version though the old weights sampled
+    them. vLLM labels each token with the weights it was sampled by: the label must change exactly where the driver's
+    calls do, however long the driver takes between them."""
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    g = RolloutGroup.create(1, dict(model_path=tiny_model_dir, multiprocess=True, **ENGINE), timeout_s=300,
+                            engine_cls=VLLMEngine)
+    try:
+        got = _advance(g, [Request(20 + i, [4 + i, 9, 11], 50, seed=i) for i in range(4)], steps=3)
+        handed = {k: len(d["ids"]) for k, d in got.items() if d["finish"] is None}
+        assert handed and all(0 < n <= 4 for n in handed.values())
+        time.sleep(1.0)  # the driver busy elsewhere (a train step): a running core would sample on meanwhile
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        g.update_weights(list(model.state_dict().items()))  # a sync: later tokens are version v1's
+        more = _advance(g, steps=2)
+        starts = ray_local.get(g.engines[0].__ray_call__.remote(_version_starts), timeout=60)
+        checked = 0
+        for key, n in handed.items():
+            if more.get(key, {}).get("ids"):
+                assert starts[f"k{key}"] == [("v0", 0), ("v1", n)], (key, n, starts[f"k{key}"])
+                checked += 1
+        assert checked > 0
+        # with requests kept and the core paused between calls, a synchronous generate still runs to its end
+        assert len(g.generate([[5, 6, 7]], SAMPLING)) == 1
+    finally:
+        g.shutdown()
