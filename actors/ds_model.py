@@ -129,7 +129,10 @@ class DSModel:
         (trainer.chunked_logprobs) a `HeadOutput`: the hidden states in that layout, the log-prob functions apply
         the head."""
         self.resident()
-        routing = self.routers.recording() if self.routers is not None else nullcontext()
+        routing = nullcontext()
+        if self.routers is not None:
+            self.routers.use_routes(mb.get("routes"))  # (algorithm.routing_replay)
+            routing = self.routers.recording()
         with autocast(self.precision, self.device), routing:
             if self.head is None:
                 return self._forward(mb)
@@ -265,7 +268,16 @@ class DSModel:
         metrics["train/grad_norm"] = float(grad_norm if grad_norm is not None else "nan")
         metrics["train/lr"] = self.engine.get_lr()[0]
         metrics["train/skipped_updates"] = float(skipped)
+        if self.routers is not None:
+            metrics.update(self._global_agreement())
         return {**metrics, **(self.planner.metrics() if self.planner is not None else {})}
+
+    def _global_agreement(self) -> dict:
+        """moe/router_agreement over every rank's tokens (each rank reduces, with or without routes)."""
+        same, seen = self.routers.agree
+        self.routers.agree = [0, 0]
+        total = self.all_reduce_sum(torch.tensor([float(same), float(seen)]))
+        return {"moe/router_agreement": float(total[0] / total[1])} if total[1] > 0 else {}
 
     def _micro_batches(self, mini: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:
         """`mini` in micro-batches of trainer.micro_batch_size rows, or under trainer.max_tokens_per_micro_batch as

@@ -1,6 +1,7 @@
 """The trainer's view of a mixture-of-experts model's routers (transformers' top-k routers: modules with `top_k` and
 `num_experts` whose forward returns (router logits, routing weights, expert ids)): what each training forward
-routed, for the load-balancing loss (trainer.router_aux_loss_coef) and the `moe/...` metrics."""
+routed, for the load-balancing loss (trainer.router_aux_loss_coef) and the `moe/...` metrics; and routing replay
+(algorithm.routing_replay), where a forward's tokens go to the experts the engine chose for them."""
 from __future__ import annotations
 
 import contextlib
@@ -8,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from algorithms.moe import expert_load, load_balancing_loss, load_imbalance
+from algorithms.moe import agreement_counts, expert_load, load_balancing_loss, load_imbalance, replayed_weights
 
 
 def is_router(module: torch.nn.Module) -> bool:
@@ -35,8 +36,13 @@ class RouterTap:
         self.logits: list[torch.Tensor] = []
         self.indices: list[torch.Tensor] = []
         self.on = False
+        self.layer = {router: i for i, router in enumerate(routers)}  # (module order: the layers' order)
+        # algorithm.routing_replay: off (routes ignored) | measure (compared with the trainer's own) | rollout (used)
+        self.mode = "off"
+        self.routes: Optional[torch.Tensor] = None  # (N, MoE layers, top-k) the engine's, for this forward's tokens
+        self.agree = [0, 0]  # token-layers whose experts the trainer would choose as the engine did, and compared
         for router in routers:
-            router.register_forward_hook(self._record)
+            router.register_forward_hook(self._hook)
 
     @classmethod
     def attach(cls, model: torch.nn.Module, coef: Optional[float]) -> Optional["RouterTap"]:
@@ -44,11 +50,38 @@ class RouterTap:
         routers = [m for m in model.modules() if is_router(m)]
         return cls(routers, aux_loss_coef(coef, model.config)) if routers else None
 
-    def _record(self, module, args, output) -> None:
+    def use_routes(self, routes: Optional[torch.Tensor]) -> None:
+        """The engine's routes of the next forward's rows, (B, T, MoE layers, top-k) (the rollout's `routes`), or
+        None. They stay in place through its backward: gradient checkpointing routes the layers it recomputes the
+        same way."""
+        if self.mode == "off" or routes is None:
+            self.routes = None
+            return
+        if routes.shape[2] != len(self.layer) or routes.shape[3] != self.top_k:
+            raise ValueError(f"the engine recorded routes for {routes.shape[2]} MoE layers x top-{routes.shape[3]}; "
+                             f"the trainer's model has {len(self.layer)} x top-{self.top_k}")
+        self.routes = routes.reshape(-1, *routes.shape[2:])
+
+    def _hook(self, module, args, output):
+        logits, weights, indices = output
+        if self.routes is not None:
+            if len(self.routes) != len(indices):
+                raise RuntimeError(f"routing replay: the router saw {len(indices)} tokens, the rollout recorded "
+                                   f"{len(self.routes)} (a forward that repacks the rows: packing, shared_prefix or "
+                                   "sequence parallelism, cannot replay)")
+            given = self.routes[:, self.layer[module]].to(indices.device)
+            valid = (given != (255 if given.dtype == torch.uint8 else -1)).all(-1)
+            if not torch.is_grad_enabled() or self.on:  # (once per forward, not again when a layer is recomputed)
+                same, seen = agreement_counts(indices, given, valid)
+                self.agree[0] += same
+                self.agree[1] += seen
+            if self.mode == "rollout":
+                indices = torch.where(valid[:, None], given.long(), indices)
+                weights = replayed_weights(logits, indices, getattr(module, "norm_topk_prob", True))
         if self.on and torch.is_grad_enabled():  # (a no-grad forward, old log-probs: nothing to add a loss to)
-            logits, _, indices = output
             self.logits.append(logits)
             self.indices.append(indices.detach())
+        return logits, weights, indices
 
     @contextlib.contextmanager
     def recording(self):

@@ -37,9 +37,10 @@ class PolicyTrainer:
     def __init__(self, model_path: str, tr: TrainerConfig, dtype: str = "float32", rank: int = 0,
                  world_size: int = 1, master_addr: str = "127.0.0.1", master_port: Optional[int] = None,
                  seed: int = 0, trust_remote_code: bool = False, lora: Optional[LoraConfig] = None,
-                 logprob_temperature: float = 1.0):
+                 logprob_temperature: float = 1.0, routing_replay: str = "off"):
         """`logprob_temperature`: the RL log-probs (old, trained, LoRA reference) are of softmax(logits / it), the
-        distribution the rollouts were sampled from (rollout.tempered_logprobs); DPO's stay raw."""
+        distribution the rollouts were sampled from (rollout.tempered_logprobs); DPO's stay raw. `routing_replay`
+        (algorithm.routing_replay, a mixture of experts): what the forwards do with the rollout's `routes`."""
         from transformers import AutoModelForCausalLM
 
         self.lora = lora if lora is not None and lora.rank > 0 else None
@@ -56,6 +57,8 @@ class PolicyTrainer:
         self.trust_remote_code = trust_remote_code
         self.export_dtype = DTYPES[dtype]  # the engines' (model.dtype), whatever the trainer's weights are in
         self.fused = fuses_tensors(self.model)  # (mixture-of-experts layers: exported as the checkpoint's experts)
+        if self.ds.routers is not None:
+            self.ds.routers.mode = routing_replay
 
     @property
     def model(self) -> torch.nn.Module:

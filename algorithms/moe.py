@@ -45,3 +45,21 @@ def router_agreement(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tens
     same = (a.sort(-1).values == b.sort(-1).values).all(-1).float()  # (L, N)
     w = torch.ones(same.shape[1]) if mask is None else mask.float().reshape(-1).cpu()
     return float((same.cpu() * w).sum() / (w.sum() * same.shape[0]).clamp(min=1e-12))
+
+
+def replayed_weights(router_logits: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """router_logits (N, E), indices (N, k) the experts each token is made to use (routing replay) -> (N, k) their
+    gate weights: the router's own softmax probabilities at those experts (renormalised over the k when the model's
+    router renormalises its top-k), in the logits' dtype. The experts are given; the weights stay differentiable
+    through the logits, so the router still learns."""
+    probs = router_logits.float().softmax(-1).gather(-1, indices)
+    if normalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs.to(router_logits.dtype)
+
+
+def agreement_counts(own: torch.Tensor, given: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
+    """own, given (N, k) two top-k choices for N tokens, valid (N,) bool -> (tokens whose sets of k experts are
+    equal, tokens compared), over the valid ones."""
+    same = (own.sort(-1).values == given.to(own.dtype).sort(-1).values).all(-1) & valid
+    return int(same.sum()), int(valid.sum())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 Batch = dict[str, torch.Tensor]
@@ -23,6 +24,9 @@ class RolloutBatch:
     rewards: torch.Tensor  # (B,) fp32, one score a sample
     # (B, L) int64 where a row holds several sequences (an agent episode's contexts: segment_positions), else None
     position_ids: Optional[torch.Tensor] = None
+    # algorithm.routing_replay: (B, L, MoE layers, top-k) uint8 the experts the engine routed each token to
+    # (rollout.engines.routes; 255 where none was recorded), else None
+    routes: Optional[torch.Tensor] = None
 
     @classmethod
     def of(cls, samples: list, rewards: torch.Tensor, pad_id: int, rows: Batch | None = None) -> "RolloutBatch":
@@ -33,6 +37,8 @@ class RolloutBatch:
         """The row tensors every worker call of the step reads (the samples and rewards stay on the driver)."""
         rows = {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "loss_mask": self.loss_mask,
                 "rollout_logprobs": self.rollout_logprobs}
+        if self.routes is not None:
+            rows["routes"] = self.routes
         return rows if self.position_ids is None else {**rows, "position_ids": self.position_ids}
 
 
@@ -112,7 +118,20 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
     batch["rollout_logprobs"] = rollout
     if any(s.segments for s in samples):
         batch["position_ids"] = segment_positions(batch["input_ids"].shape[1], [s.segments or [] for s in samples])
+    if samples and all(getattr(s, "routes", None) is not None for s in samples):
+        batch["routes"] = routes_batch([s.routes for s in samples], batch["input_ids"].shape[1])
     return batch
+
+
+def routes_batch(routes: Sequence[np.ndarray], width: int) -> torch.Tensor:
+    """Each sample's routes (T_i, layers, k) as (B, width, layers, k), aligned with input_ids; the id that means
+    "none recorded" (rollout.engines.routes: 255, or -1 past 255 experts) fills the rest."""
+    first = routes[0]
+    none = 255 if first.dtype == np.uint8 else -1
+    out = np.full((len(routes), width) + first.shape[1:], none, dtype=first.dtype)
+    for i, r in enumerate(routes):
+        out[i, :len(r)] = r[:width]
+    return torch.from_numpy(out)
 
 
 def segment_positions(width: int, starts: Sequence[Sequence[int]]) -> torch.Tensor:

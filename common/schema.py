@@ -133,6 +133,9 @@ class AlgorithmConfig:
     # what tis_cap (truncate) and tis_mask_* (mask) weigh: token (each token's pi_old / pi_rollout) | sequence (one
     # weight per response, the product of its tokens' ratios); the engine-trainer mismatch correction's level
     rollout_correction: str = one_of("token", "sequence")
+    # a mixture of experts (docs/moe.md): rollout = the trainer routes each token to the experts the engine chose (R3),
+    # measure = only compares them (moe/router_agreement), off = the engines record no routes
+    routing_replay: str = one_of("off", "measure", "rollout")
     # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
     # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
     policy_loss: str = one_of(*POLICY_LOSSES)

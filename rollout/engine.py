@@ -45,6 +45,9 @@ class Sample:
     # an agent episode whose calls broke its history (rollout.agents.episode): where each later context starts in
     # prompt_ids + completion_ids; each context is its own sequence (positions restart, it sees only itself)
     segments: Optional[list[int]] = None
+    # algorithm.routing_replay: the experts each MoE layer routed each token to in the engine, (P + C - 1, MoE layers,
+    # top-k) uint8 (rollout.engines.routes; the last token is never computed); None = not recorded
+    routes: Optional[np.ndarray] = None
 
 
 @dataclass

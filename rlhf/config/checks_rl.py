@@ -30,7 +30,7 @@ def check_rl(cfg: RunConfig, p: Problems) -> None:
         p.bad("trainer.batch_size", cfg.trainer.batch_size, f"must divide the rollout batch rollout.prompts_per_step "
               f"x rollout.n_samples = {rollout_batch}; it is the mini-batch of each optimizer step")
     for part in (check_objective, check_corrections, check_async, check_env, check_agent, check_sync,
-                 check_tensor_parallel):
+                 check_tensor_parallel, check_routing_replay):
         part(cfg, p)
 
 
@@ -172,3 +172,25 @@ def check_hybrid(cfg: RunConfig, p: Problems) -> None:
         p.bad("rollout.max_staleness", r.max_staleness, "placement.mode=hybrid generates and trains in one process, "
               "one after the other, so nothing can run ahead: set rollout.max_staleness=0, or "
               "placement.mode=colocate/split")
+
+
+def check_routing_replay(cfg: RunConfig, p: Problems) -> None:
+    """algorithm.routing_replay: routes come from vLLM's workers for single-turn samples generated in one step, and
+    replay needs the trainer's forward to see the rows as the rollout laid them out."""
+    tr, r, mode = cfg.trainer, cfg.rollout, cfg.algorithm.routing_replay
+    if mode == "off":
+        return
+    refused = (("rollout.engine", r.engine, r.engine != "vllm", "the transformers engine records no routes: use vllm"),
+               ("rollout.max_staleness", r.max_staleness, r.max_staleness > 0,
+                "samples generated across syncs do not carry routes yet: use 0"),
+               ("env.name", cfg.env.name, cfg.env.name is not None, "multi-turn trajectories do not carry routes yet"),
+               ("agent.fn", cfg.agent.fn, cfg.agent.fn is not None, "agent trajectories do not carry routes yet"),
+               ("trainer.packing", tr.packing, tr.packing,
+                "a packed forward lays the tokens out anew: set it to false"),
+               ("trainer.shared_prefix", tr.shared_prefix, tr.shared_prefix,
+                "a shared-prefix forward computes a prompt once for all its rows: set it to false"),
+               ("trainer.sequence_parallel_size", tr.sequence_parallel_size, tr.sequence_parallel_size > 1,
+                "each rank sees a slice of a row's tokens: use 1"))
+    for key, value, bad, why in refused:
+        if bad:
+            p.bad(key, value, f"algorithm.routing_replay={mode}: {why} (or set algorithm.routing_replay: off)")

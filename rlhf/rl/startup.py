@@ -51,7 +51,8 @@ def engine_spec(cfg: RunConfig, placement: Placement, adapter_sync: bool) -> tup
                             max_lora_rank=cfg.model.lora.rank if adapter_sync else 0,
                             # a full sync rewrites every weight: nothing to keep while asleep (level 2)
                             sleep_level=1 if adapter_sync else 2, tempered_logprobs=r.tempered_logprobs,
-                            inflight_kv=r.inflight_kv, tensor_parallel_size=r.tensor_parallel_size)
+                            inflight_kv=r.inflight_kv, tensor_parallel_size=r.tensor_parallel_size,
+                            record_routes=cfg.stage == "rl" and cfg.algorithm.routing_replay != "off")
 
 
 def start_workers(cfg: RunConfig, model_path: str, needs_critic: bool) -> Workers:
@@ -132,7 +133,8 @@ def start_policy_ranks(cfg: RunConfig, model_path: str, placement: Placement, co
     return ActorGroup(cls, "policy trainer", cfg.trainer.world_size, placement.options["policy"],
                       sequence_parallel=cfg.trainer.sequence_parallel_size,
                       model_path=model_path, tr=cfg.trainer, seed=cfg.seed, lora=cfg.model.lora,
-                      logprob_temperature=logprob_temperature(cfg), **common, **extra)
+                      logprob_temperature=logprob_temperature(cfg), routing_replay=cfg.algorithm.routing_replay,
+                      **common, **extra)
 
 
 def start_scorers(cfg: RunConfig, model_path: str, placement: Placement, ranks: dict[str, int],

@@ -15,6 +15,7 @@ from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
 from rollout.engines.inflight import KeptRequests, sampled_logprobs, vllm_counts
 from rollout.engines.reap import actor_key, mapped_shm, reap_orphans, record_children
+from rollout.engines.routes import EngineRoutes
 from rollout.engines.sleep import SleepState
 from rollout.render import render_prompts
 
@@ -45,13 +46,14 @@ class VLLMEngine:
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
                  enable_sleep: bool = False, trust_remote_code: bool = False, max_lora_rank: int = 0,
                  sleep_level: int = 2, tempered_logprobs: bool = False, inflight_kv: str = "keep",
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, record_routes: bool = False):
         """`inflight_kv`: what requests kept across a sync continue on (rollout.engines.inflight). `sleep_level`: 2
         (weights discarded while asleep) when every sync rewrites all weights, 1 (weights kept on
         the host) when only a LoRA adapter is synced and the base weights must come back. `tempered_logprobs`: the
         sampled tokens' log-probs after the temperature (vLLM's `processed_logprobs`, which also renormalises over
         a top_p nucleus), else of the raw logits. `tensor_parallel_size` > 1: the weights split over that many
-        vLLM workers in processes of their own (on CPU each bound to its own core)."""
+        vLLM workers in processes of their own (on CPU each bound to its own core). `record_routes`: every sample
+        carries the experts a mixture-of-experts model routed its tokens to (rollout.engines.routes)."""
         # vLLM writes caches and IPC sockets under ~ and /tmp unless told otherwise.
         root = cache_root()
         os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(root, "vllm"))
@@ -100,6 +102,7 @@ class VLLMEngine:
         self.sleep_state = SleepState(self.on_gpu and enable_sleep, sleep_level)
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
         self.kept = KeptRequests(self.llm, inflight_kv)
+        self.routes = EngineRoutes(self.llm) if record_routes else None  # algorithm.routing_replay
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each
@@ -125,7 +128,17 @@ class VLLMEngine:
                 logps = sampled_logprobs(c.logprobs)
                 samples.append(Sample(i, list(out.prompt_token_ids), ids, logps,
                                       "length" if c.finish_reason == "length" else "stop"))
+        if self.routes is not None:
+            self._attach_routes(outputs, samples, sampling.n)
         return samples
+
+    def _attach_routes(self, outputs: list, samples: list[Sample], n: int) -> None:
+        """algorithm.routing_replay: each sample's routes, (prompt + completion - 1, MoE layers, top-k) (its last
+        token was never computed). vLLM names the n samples of a request "{index}_{id}"."""
+        keys = [out.request_id if n == 1 else f"{c.index}_{out.request_id}" for out in outputs for c in out.outputs]
+        routes = self.routes.fetch({k: len(s.prompt_ids) + len(s.completion_ids) - 1 for k, s in zip(keys, samples)})
+        for key, s in zip(keys, samples):
+            s.routes = routes[key]
 
     def counters(self) -> tuple[int, int]:
         """(prompt tokens computed, not counting prefix-cache hits; tokens generated) since the engine started."""

@@ -66,3 +66,15 @@ class WeightSyncExtension:
             if owner in reloaded and isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
                 for weight in (layer.w13_weight, layer.w2_weight):
                     weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+
+    # ---- routing replay (rollout.engines.routes) ----
+    def rlhf_record_routes(self) -> tuple[int, int, int]:
+        """Start recording every MoE layer's expert choices; (MoE layers, top-k, experts)."""
+        from rollout.engines.routes import RouteRecorder
+        self._rlhf_routes = RouteRecorder(self.model_runner)
+        return self._rlhf_routes.shape()
+
+    def rlhf_take_routes(self, keys: list) -> dict:
+        """The recorded routes of requests `keys` as bytes (a numpy array's; None where unknown): they cross
+        processes as plain values."""
+        return {k: None if r is None else r.tobytes() for k, r in self._rlhf_routes.take(list(keys)).items()}

@@ -1,6 +1,7 @@
 """A mixture-of-experts policy (the tiny kit's Qwen3-MoE): transformers 5 holds each layer's experts fused in one 3D
 parameter, the checkpoint (and vLLM's loader) per expert. What the trainer exports for a sync is the checkpoint's
 tensors, and a receiver holding the fused parameters writes each expert where it belongs."""
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,51 @@ def test_two_zero3_ranks_on_an_moe_one_with_nothing_to_train_finish_with_the_rou
     single = PolicyTrainer(moe_dir, replace(tr, zero_stage=0, world_size=1))
     whole = {**batch, "loss_mask": torch.cat([parts[0]["loss_mask"], parts[1]["loss_mask"]])}
     assert got[0]["train/grad_norm"] == pytest.approx(single.sft_step(whole)["train/grad_norm"], rel=1e-4)
+
+
+def _routed(trainer, batch, routes=None):
+    """The experts every router of `trainer` used in a no-grad forward of `batch` (with `routes` as the rollout's),
+    (layers, B*T, k), and the log-probs that forward gave."""
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, a, out: seen.append(out[2].clone()))
+             for n, m in trainer.model.named_modules() if n.endswith("mlp.gate")]
+    try:
+        logp = trainer.compute_logprobs(batch if routes is None else {**batch, "routes": routes})
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(seen), logp
+
+
+@pytest.mark.parametrize("gc", [False, True])
+def test_routing_replay_routes_each_token_to_the_engines_experts_and_its_router_still_learns(moe_dir, gc):
+    """algorithm.routing_replay=rollout: where the rollout recorded a token's experts the routers use them (255:
+    none recorded, the router's own choice); the gate weights are the router's own probabilities at those experts,
+    so an update still moves the router, the same with gradient checkpointing recomputing the layers; `measure`
+    leaves the routing alone and counts how often the trainer agrees with the rollout."""
+    B, T = 4, 12  # (rows of one length: one micro-batch, as the rollout laid it out)
+    ids = torch.from_numpy(np.random.default_rng(2).integers(3, 60, (B, T)))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long),
+             "loss_mask": torch.ones(B, T - 1, dtype=torch.bool)}
+    cfg = TrainerConfig(lr=1e-2, batch_size=4, micro_batch_size=4, warmup_steps=0, gradient_checkpointing=gc)
+    plain = PolicyTrainer(moe_dir, cfg)
+    own, logp_own = _routed(plain, batch)
+    routes = torch.from_numpy(np.random.default_rng(0).integers(0, 4, (B, T, 2, 2))).to(torch.uint8)
+    routes[..., 1] = (routes[..., 0] + 1 + torch.from_numpy(np.random.default_rng(1).integers(0, 3, (B, T, 2)))) % 4
+    routes[:, -3:] = 255  # (no route recorded: the router's own choice)
+    given = routes.reshape(B * T, 2, 2).transpose(0, 1).long()
+    replay = PolicyTrainer(moe_dir, cfg, routing_replay="rollout")
+    used, logp_replay = _routed(replay, batch, routes)
+    recorded = (given != 255).all(-1)
+    assert torch.equal(used[recorded], given[recorded])
+    assert torch.equal(used[0][~recorded[0]], own[0][~recorded[0]])  # (layer 0: its input is the same either way)
+    assert not torch.allclose(logp_replay, logp_own)
+    before = dict(replay.model.named_parameters())["model.layers.1.mlp.gate.weight"].detach().clone()
+    metrics = replay.sft_step({**batch, "routes": routes})
+    assert not torch.allclose(dict(replay.model.named_parameters())["model.layers.1.mlp.gate.weight"], before)
+    agree = (own.sort(-1).values == given.sort(-1).values).all(-1)[recorded].float().mean().item()
+    assert metrics["moe/router_agreement"] == pytest.approx(agree, abs=0.05)  # (counted before the replay)
+    measure = PolicyTrainer(moe_dir, cfg, routing_replay="measure")
+    unchanged, logp_measure = _routed(measure, batch, routes)
+    assert torch.equal(unchanged, own) and torch.allclose(logp_measure, logp_own)
+    assert measure.sft_step({**batch, "routes": routes})["moe/router_agreement"] == pytest.approx(agree, abs=0.05)

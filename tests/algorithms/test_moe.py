@@ -34,3 +34,25 @@ def test_expert_load_imbalance_and_agreement_on_hand_made_routes():
     swapped = torch.tensor([[[1, 0], [3, 2]]])
     assert router_agreement(even, swapped) == 1.0  # the same sets in another order
     assert router_agreement(even, crowded) == 0.5 and router_agreement(even, crowded, torch.tensor([1, 0])) == 1.0
+
+
+def test_replayed_weights_are_the_routers_own_where_it_would_choose_the_same_experts():
+    from algorithms.moe import replayed_weights
+    torch.manual_seed(0)
+    logits = torch.randn(6, 8, requires_grad=True)
+    top = logits.softmax(-1).topk(2, -1)
+    own = replayed_weights(logits, top.indices)
+    assert torch.allclose(own, top.values / top.values.sum(-1, keepdim=True))
+    assert torch.allclose(replayed_weights(logits, top.indices, normalize=False), top.values)
+    other = (top.indices + 3) % 8  # experts the router would not choose: still its probabilities there
+    forced = replayed_weights(logits, other)
+    assert torch.allclose(forced.sum(-1), torch.ones(6)) and not torch.allclose(forced, own)
+    forced[:, 0].sum().backward()
+    assert logits.grad.abs().sum() > 0  # the router learns through the replayed experts' weights
+
+
+def test_agreement_counts_compare_sets_of_experts_over_the_valid_tokens():
+    from algorithms.moe import agreement_counts
+    own = torch.tensor([[0, 1], [2, 3], [1, 2], [0, 3]])
+    given = torch.tensor([[1, 0], [2, 1], [1, 2], [0, 3]], dtype=torch.uint8)
+    assert agreement_counts(own, given, torch.tensor([True, True, True, False])) == (2, 3)

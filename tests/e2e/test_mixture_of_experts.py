@@ -18,7 +18,7 @@ def test_sft_then_grpo_on_a_mixture_of_experts_keeps_the_engine_on_the_trainers_
     res = run_cli("--config", "examples/sort_moe_grpo.yaml", f"output_dir={tmp_path / 'grpo'}",
                   f"model.path={tmp_path / 'sft' / 'final'}", "model.dtype=float32", "rollout.verify_sync_every=1",
                   "trainer.lr=1e-3", "trainer.max_steps=2", "eval.every=0", "rollout.prompts_per_step=8",
-                  "trainer.batch_size=64", "checkpoint.every=0", timeout=900)
+                  "trainer.batch_size=64", "checkpoint.every=0", "algorithm.routing_replay=rollout", timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = read_metrics(str(tmp_path / "grpo"))
     assert [r["step"] for r in rows] == [0, 1, 2]
@@ -26,6 +26,8 @@ def test_sft_then_grpo_on_a_mixture_of_experts_keeps_the_engine_on_the_trainers_
     assert all(r["train/grad_norm"] > 0 for r in rows[1:])
     # 2 layers x 4 experts x (gate, up, down) under their checkpoint names, each verified on arrival
     assert rows[2]["rollout/sync_verified_tensors"] >= 2 * 4 * 3
+    # routing replay: the engine's routes reached the trainer, which (fp32 both sides) would have chosen the same
+    assert all(r["moe/router_agreement"] >= 0.99 for r in rows[1:]), [r.get("moe/router_agreement") for r in rows]
 
 
 def test_a_tiny_mixture_of_experts_config_the_engine_cannot_sync_is_refused_with_the_key(tmp_path):
