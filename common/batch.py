@@ -118,19 +118,21 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
     batch["rollout_logprobs"] = rollout
     if any(s.segments for s in samples):
         batch["position_ids"] = segment_positions(batch["input_ids"].shape[1], [s.segments or [] for s in samples])
-    if samples and all(getattr(s, "routes", None) is not None for s in samples):
+    if any(getattr(s, "routes", None) is not None for s in samples):
         batch["routes"] = routes_batch([s.routes for s in samples], batch["input_ids"].shape[1])
     return batch
 
 
-def routes_batch(routes: Sequence[np.ndarray], width: int) -> torch.Tensor:
+def routes_batch(routes: Sequence[Optional[np.ndarray]], width: int) -> torch.Tensor:
     """Each sample's routes (T_i, layers, k) as (B, width, layers, k), aligned with input_ids; the id that means
-    "none recorded" (rollout.engines.routes: 255, or -1 past 255 experts) fills the rest."""
-    first = routes[0]
+    "none recorded" (rollout.engines.routes: 255, or -1 past 255 experts) fills the rest, and the rows of samples
+    without routes (restored from a checkpoint mid-generation)."""
+    first = next(r for r in routes if r is not None)
     none = 255 if first.dtype == np.uint8 else -1
     out = np.full((len(routes), width) + first.shape[1:], none, dtype=first.dtype)
     for i, r in enumerate(routes):
-        out[i, :len(r)] = r[:width]
+        if r is not None:
+            out[i, :len(r)] = r[:width]
     return torch.from_numpy(out)
 
 

@@ -83,6 +83,7 @@ class Delta:
     ids: list[int]
     logprobs: list[float]
     finish: Optional[str] = None
+    routes: Optional[np.ndarray] = None  # once ended, under algorithm.routing_replay: as Sample.routes
 
 
 @dataclass

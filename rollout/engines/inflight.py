@@ -92,6 +92,7 @@ class KeptRequests:
         self.own_process = hasattr(core, "call_utility")  # a SyncMPClient: its core runs in its own process
         self.held = False  # that core's scheduler paused: it computes nothing until the next call
         self.engine.set_weight_version(self._salt())
+        self.routes = None  # rollout.engines.routes.EngineRoutes (algorithm.routing_replay): ended requests' routes
 
     def advance(self, new: list[Request], sampling: SamplingConfig, steps: int) -> Advanced:
         ended = [self._add(r, sampling) for r in new]
@@ -221,7 +222,7 @@ class KeptRequests:
             self.held = False
 
     def _hand_out(self) -> list[Delta]:
-        out = []
+        out, ended = [], {}
         for rid, live in list(self.live.items()):
             if live.delta is not None:
                 out.append(live.delta)
@@ -229,7 +230,15 @@ class KeptRequests:
                     del self.live[rid]
                     self.ended.prefill += live.prefill or 0
                     self.ended.generated += len(live.produced)
+                    ended[rid] = live
                 live.delta = None
+        if self.routes is not None and ended:  # (a request started again after an adapter sync: its whole context)
+            routes = self.routes.fetch({rid: len(x.request.prompt_ids) + len(x.produced) - 1
+                                        for rid, x in ended.items()})
+            rids = {x.request.key: rid for rid, x in ended.items()}
+            for delta in out:
+                if delta.key in rids:
+                    delta.routes = routes[rids[delta.key]]
         return out
 
     def _salt(self) -> str:

@@ -103,6 +103,7 @@ class VLLMEngine:
         self.model_path, self.trust_remote_code, self._renderer = model_path, trust_remote_code, None
         self.kept = KeptRequests(self.llm, inflight_kv)
         self.routes = EngineRoutes(self.llm) if record_routes else None  # algorithm.routing_replay
+        self.kept.routes = self.routes
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each

@@ -2,7 +2,7 @@
 their form in a checkpoint, and the staleness of what a step trains."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 import numpy as np
@@ -23,6 +23,9 @@ class Seq:
     key: int = -1
     engine: int = 0
     started: bool = False
+    # algorithm.routing_replay, once ended (Sample.routes); not in a checkpoint (tokens x layers x k bytes a sample):
+    # a sample restored from one trains with its rows' routes left out (the trainer's own routing)
+    routes: Optional[np.ndarray] = None
 
     def take(self, delta: Delta, version: int) -> None:
         """What its request produced while the engines held `version`."""
@@ -30,6 +33,12 @@ class Seq:
         self.logprobs += delta.logprobs
         self.versions += [version] * len(delta.ids)
         self.finish = delta.finish
+        self.routes = delta.routes if delta.routes is not None else self.routes
+
+    def state(self) -> dict:
+        """As JSON, copied (a checkpoint's snapshot must not change as the sample goes on)."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "routes")
+        return {k: list(v) if isinstance(v, list) else v for k, v in values}
 
 
 @dataclass
@@ -54,10 +63,11 @@ class StepRollout:
         if self.multi_turn:
             return self.whole
         return [Sample(i // n, s.prompt_ids, s.ids, np.asarray(s.logprobs, dtype=np.float32), s.finish,
-                       versions=np.asarray(s.versions, dtype=np.int32)) for i, s in enumerate(self.seqs)]
+                       versions=np.asarray(s.versions, dtype=np.int32), routes=s.routes)
+                for i, s in enumerate(self.seqs)]
 
     def state(self) -> dict:
-        return {"step": self.step, "row_ids": self.row_ids, "seqs": [asdict(s) for s in self.seqs],
+        return {"step": self.step, "row_ids": self.row_ids, "seqs": [s.state() for s in self.seqs],
                 "stops": list(self.stops), "prompts_before": self.prompts_before, "multi_turn": self.multi_turn,
                 "whole": None if self.whole is None else [_sample_state(s) for s in self.whole]}
 

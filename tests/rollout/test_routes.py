@@ -53,6 +53,44 @@ def test_each_sample_carries_the_experts_its_tokens_were_routed_to(ray_local, mo
     assert min(agree) >= 0.95, agree  # (fp32 both sides; a near tie may still split one way or the other)
 
 
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_a_kept_request_carries_its_routes_when_it_ends_across_a_sync(ray_local, moe_dir, multiprocess):
+    """Generating ahead (rollout.max_staleness > 0): each kept request's routes come with the delta it ends in, for
+    its whole context, though a sync landed mid-generation (unchanged weights here, so one routing throughout); the
+    engine core in its own process too (its routes are read once it is paused)."""
+    from transformers import AutoModelForCausalLM
+
+    from rollout.engine import Request
+
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    group = RolloutGroup.create(1, dict(model_path=moe_dir, record_routes=True, multiprocess=multiprocess, **ENGINE),
+                                timeout_s=300, engine_cls=VLLMEngine)
+    sampling = SamplingConfig(temperature=1.0, seed=5)
+    prompts = {30 + i: [4 + i, 9, 11, 20 + i] for i in range(4)}
+    ids = {k: [] for k in prompts}
+    ended = {}
+    try:
+        new = [Request(k, p, 12, seed=k) for k, p in prompts.items()]
+        for call in range(40):
+            (answer,), _ = group.advance([new], sampling, 3, rows=4)
+            new = []
+            for d in answer.deltas:
+                ids[d.key] += d.ids
+                if d.finish is not None:
+                    ended[d.key] = d.routes
+            if call == 1:
+                group.update_weights(list(model.state_dict().items()))
+            if len(ended) == len(prompts):
+                break
+    finally:
+        group.shutdown()
+    assert set(ended) == set(prompts)
+    for key, routes in ended.items():
+        tokens = prompts[key] + ids[key]
+        assert routes.shape == (len(tokens) - 1, 2, 2)
+        assert (np.sort(routes, -1) == _trainer_routes(model, tokens)[:-1]).all(-1).mean() >= 0.95
+
+
 def test_recording_routes_of_a_dense_model_is_refused_by_its_key(ray_local, tiny_model_dir):
     from common.remote import WorkerDied
 
