@@ -175,13 +175,12 @@ def check_hybrid(cfg: RunConfig, p: Problems) -> None:
 
 
 def check_routing_replay(cfg: RunConfig, p: Problems) -> None:
-    """algorithm.routing_replay: routes come from vLLM's workers for single-turn samples (generated in a step or
-    ahead of it), and replay needs the trainer's forward to see the rows as the rollout laid them out."""
+    """algorithm.routing_replay: routes come from vLLM's workers for samples and multi-turn trajectories (generated
+    in a step or ahead of it), and replay needs the trainer's forward to see the rows as the rollout laid them out."""
     tr, r, mode = cfg.trainer, cfg.rollout, cfg.algorithm.routing_replay
     if mode == "off":
         return
     refused = (("rollout.engine", r.engine, r.engine != "vllm", "the transformers engine records no routes: use vllm"),
-               ("env.name", cfg.env.name, cfg.env.name is not None, "multi-turn trajectories do not carry routes yet"),
                ("agent.fn", cfg.agent.fn, cfg.agent.fn is not None, "agent trajectories do not carry routes yet"),
                ("trainer.packing", tr.packing, tr.packing,
                 "a packed forward lays the tokens out anew: set it to false"),

@@ -46,6 +46,9 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # per completion id, when the group's samples carry them
     last_turn: list[int] = field(default_factory=list)
+    # algorithm.routing_replay: the last turn's routes, which cover the whole context before it (prefix-cache hits
+    # keep their routes: rollout.engines.routes); observations after it have none
+    routes: Optional[np.ndarray] = None
     reward: float = 0.0
     turns: int = 0
     env_time: float = 0.0
@@ -71,12 +74,14 @@ class Trajectory:
         self.logprobs += s.rollout_logprobs.tolist()
         self.turns += 1
         self.finish_reason, self.last_turn = s.finish_reason, list(s.completion_ids)
+        self.routes = s.routes if s.routes is not None else self.routes
 
     def sample(self) -> Sample:
         return Sample(self.prompt_index, self.ids[:self.prompt_len], self.ids[self.prompt_len:],
                       np.asarray(self.logprobs, dtype=np.float32),
                       self.finish_reason, self.mask, EnvOutcome(self.reward, self.turns, self.env_time, self.error),
-                      np.asarray(self.versions_padded(), dtype=np.int32) if self.versions else None)
+                      np.asarray(self.versions_padded(), dtype=np.int32) if self.versions else None,
+                      routes=self.routes)
 
 
 class EnvCalls:

@@ -91,6 +91,36 @@ def test_a_kept_request_carries_its_routes_when_it_ends_across_a_sync(ray_local,
         assert (np.sort(routes, -1) == _trainer_routes(model, tokens)[:-1]).all(-1).mean() >= 0.95
 
 
+def test_a_multi_turn_trajectory_carries_the_routes_of_its_whole_context(ray_local, moe_dir):
+    """Each turn's request computes only what its prefix-cache hit did not hold (the observations since the last
+    turn), yet its routes cover the whole conversation: the trajectory takes its last turn's."""
+    from transformers import AutoModelForCausalLM
+
+    from common.batch import samples_to_batch
+    from common.schema import EnvConfig
+    from rollout.multiturn.trajectory import TrajectoryRunner
+    from rollout.render import PromptRenderer
+    from tests.fixtures.envs import Echo
+
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    renderer = PromptRenderer.from_pretrained(moe_dir)
+    group = RolloutGroup.create(1, dict(model_path=moe_dir, record_routes=True, **dict(ENGINE, max_model_len=256)),
+                                timeout_s=300, engine_cls=VLLMEngine)
+    try:
+        runner = TrajectoryRunner(group, renderer, Echo, EnvConfig(name="tests.fixtures.envs:Echo", max_turns=3),
+                                  max_model_len=256)
+        samples = runner.run([{"word": "a"}, {"word": "b"}], SamplingConfig(max_new_tokens=6, temperature=1.0, n=2))
+    finally:
+        group.shutdown()
+    for s in samples:
+        tokens = s.prompt_ids + s.completion_ids
+        last = len(s.prompt_ids) + max(i for i, m in enumerate(s.completion_mask) if m)  # the last sampled token
+        assert s.env.turns == 3 and s.routes.shape == (last, 2, 2)
+        assert (np.sort(s.routes, -1) == _trainer_routes(model, tokens)[:last]).all(-1).mean() >= 0.95
+    routes = samples_to_batch(samples, renderer.pad_id)["routes"]
+    assert routes.shape[:2] == (4, max(len(s.prompt_ids) + len(s.completion_ids) for s in samples))
+
+
 def test_recording_routes_of_a_dense_model_is_refused_by_its_key(ray_local, tiny_model_dir):
     from common.remote import WorkerDied
 
