@@ -133,8 +133,7 @@ class AlgorithmConfig:
     # what tis_cap (truncate) and tis_mask_* (mask) weigh: token (each token's pi_old / pi_rollout) | sequence (one
     # weight per response, the product of its tokens' ratios); the engine-trainer mismatch correction's level
     rollout_correction: str = one_of("token", "sequence")
-    # a mixture of experts (docs/moe.md): rollout = the trainer routes each token to the experts the engine chose (R3),
-    # measure = only compares them (moe/router_agreement), off = the engines record no routes
+    # an MoE (docs/moe.md): rollout = the trainer routes as the engine did (R3), measure = moe/router_agreement only
     routing_replay: str = one_of("off", "measure", "rollout")
     # the policy surrogate (algorithms/policy_losses.py): clip (PPO) | gspo | gspo_token (sequence-level ratio,
     # GSPO) | cispo (clipped stop-gradient weight, every token keeps its gradient)
@@ -315,6 +314,7 @@ class RolloutConfig:
     lora_sync: str = one_of("adapter", "merged")
     # warn when mean |rollout - trainer log-prob| exceeds this; null = by model.dtype (LOGPROB_DIFF_WARN)
     logprob_diff_warn: Optional[float] = None
+    router_agreement_warn: float = 0.9  # warn when moe/router_agreement (algorithm.routing_replay on) is below
     # asynchronous RL: the engines generate ahead while the trainer trains, a sample's oldest token at most this many
     # updates behind the trained weights (paced: nothing is discarded); 0 = generate, then train (docs/async.md)
     max_staleness: int = 0

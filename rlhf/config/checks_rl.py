@@ -23,6 +23,8 @@ def check_rl(cfg: RunConfig, p: Problems) -> None:
         p.bad("rollout.max_engine_restarts", r.max_engine_restarts, "must be >= 0 (0: a dead engine ends the run)")
     if r.logprob_diff_warn is not None and r.logprob_diff_warn <= 0:
         p.bad("rollout.logprob_diff_warn", r.logprob_diff_warn, "must be > 0, or null for the dtype's default")
+    if not 0 <= r.router_agreement_warn <= 1:
+        p.bad("rollout.router_agreement_warn", r.router_agreement_warn, "must be in [0, 1] (0 = never warn)")
     if r.temperature < 0 or not 0 < r.top_p <= 1:
         p.bad("rollout.temperature/top_p", (r.temperature, r.top_p), "need temperature >= 0 and 0 < top_p <= 1")
     rollout_batch = r.prompts_per_step * r.n_samples

@@ -25,7 +25,7 @@ from rlhf.config import RunConfig, to_yaml
 from rlhf.config.resolve import require_resolved
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, PhaseTimer, RolloutDumps, TrainedRows, since_launch, startup_line
-from rlhf.rl.rounds import Round, TokenScores, rollout_metrics, select_groups, teacher_kl
+from rlhf.rl.rounds import Round, TokenScores, agreement_alarm, rollout_metrics, select_groups, teacher_kl
 from rlhf.rl.startup import check_teacher
 from rlhf.stages.data import BatchIterator, checked_renderer, prompt_rows, tokenizer_source
 from rlhf.stages.loop import answer_metric, drive, resume_point, worker_died
@@ -293,6 +293,9 @@ class RLController:
             self.logger.warn(f"rollout/logprob_diff = {diff:.2e} > rollout.logprob_diff_warn = {warn_at:g}: the "
                              "engines' weights or numerics differ from the trainer's (a missed sync or a stale prefix "
                              "cache shows up here)")
+        alarm = agreement_alarm(trained, self.cfg.rollout.router_agreement_warn, self.cfg.algorithm.routing_replay)
+        if alarm:
+            self.logger.warn(alarm)
         from_rewards = self.estimator.from_rewards or self.cfg.algorithm.opd_task_coef > 0
         return {**rollout_metrics(rollout, kl, self.cfg.rollout.n_samples, from_rewards),
                 "rollout/engine_restarts": float(self.workers.rollout.restarts)}

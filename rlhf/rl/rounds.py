@@ -90,3 +90,15 @@ def rollout_metrics(rollout: RolloutBatch, kl: Optional[torch.Tensor], n: int,
     return {**out, "rollout/reward_mean": rewards.mean().item(), "rollout/reward_std": rewards.std().item(),
             "rollout/response_len": lengths.mean().item(),
             "rollout/truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+
+
+def agreement_alarm(trained: dict[str, float], floor: float, replay: str) -> Optional[str]:
+    """What to say when a step's moe/router_agreement fell below rollout.router_agreement_warn (samples generated
+    ahead are routed by older weights, so only a step of fresh samples is judged); None when nothing."""
+    agree = trained.get("moe/router_agreement")
+    if agree is None or agree >= floor or trained.get("rollout/staleness_max", 0) > 0:
+        return None
+    fix = "replayed (algorithm.routing_replay: rollout)" if replay == "rollout" else \
+        "set algorithm.routing_replay: rollout to train on the engine's routing"
+    return (f"moe/router_agreement = {agree:.3f} < rollout.router_agreement_warn = {floor:g}: the trainer's routers "
+            f"send {1 - agree:.1%} of token-layers to other experts than the engine did; {fix}")

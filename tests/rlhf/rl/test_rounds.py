@@ -69,3 +69,15 @@ def test_what_every_round_cost_is_summed_over_the_rounds():
     assert metrics["rollout/driver_tokens"] == 110.0 and metrics["rollout/prefill_per_token"] == 1.0
     assert metrics["rollout/sync_wait_s"] == 0.5  # (generating ahead, only a step's first round reports it)
     assert "rollout/driver_cpu_s" not in metrics  # no round counted it
+
+
+def test_the_router_agreement_alarm_names_the_key_and_the_fix_only_for_fresh_samples_below_the_floor():
+    from rlhf.rl.rounds import agreement_alarm
+    low = {"moe/router_agreement": 0.85, "rollout/staleness_max": 0.0}
+    said = agreement_alarm(low, 0.9, "measure")
+    assert "moe/router_agreement = 0.850 < rollout.router_agreement_warn = 0.9" in said
+    assert "15.0% of token-layers" in said and "set algorithm.routing_replay: rollout" in said
+    assert "replayed" in agreement_alarm(low, 0.9, "rollout")
+    assert agreement_alarm({**low, "moe/router_agreement": 0.95}, 0.9, "measure") is None
+    assert agreement_alarm({**low, "rollout/staleness_max": 1.0}, 0.9, "measure") is None  # older weights routed
+    assert agreement_alarm({}, 0.9, "off") is None  # (a dense model, or nothing recorded)
