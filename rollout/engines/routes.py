@@ -51,8 +51,11 @@ class RouteRecorder:
         self.dtype = route_dtype(self.experts)
         self.block_size = model_runner.cache_config.block_size
         slots = model_runner.kv_cache_config.num_blocks * self.block_size
-        self.buffer = torch.full((slots, len(layers), self.top_k), missing(self.dtype),
+        # on the model's device, written inside the forward without a host sync (CUDA graphs replay the writes);
+        # one row more, where padding tokens (slot -1) write
+        self.buffer = torch.full((slots + 1, len(layers), self.top_k), missing(self.dtype), device=model_runner.device,
                                  dtype=torch.uint8 if self.dtype == np.uint8 else torch.int16)
+        self.padding = slots
         self.runner = model_runner
         self.finished: dict[str, np.ndarray] = {}  # request id -> its routes, until fetched
         for i, layer in enumerate(layers):
@@ -74,9 +77,9 @@ class RouteRecorder:
         mappings = get_forward_context().slot_mapping
         if not mappings:  # (a profiling or warm-up forward: no KV cache yet)
             return
-        slots = next(iter(mappings.values()))[:ids.shape[0]].to("cpu", torch.long)
-        keep = slots >= 0
-        self.buffer[slots[keep], layer] = ids[keep.to(ids.device)].to("cpu", self.buffer.dtype)
+        slots = next(iter(mappings.values()))[:ids.shape[0]]
+        slots = torch.where(slots >= 0, slots, self.padding)
+        self.buffer[slots, layer] = ids.to(self.buffer.dtype)
 
     def _read(self, request_id: str) -> Optional[np.ndarray]:
         """The routes in `request_id`'s blocks, every position they hold (the engine cuts them to its tokens)."""
@@ -85,7 +88,7 @@ class RouteRecorder:
             return None
         blocks = torch.tensor(state.block_ids[0], dtype=torch.long)
         slots = (blocks[:, None] * self.block_size + torch.arange(self.block_size)).flatten()
-        return self.buffer[slots].numpy().copy()
+        return self.buffer[slots.to(self.buffer.device)].cpu().numpy()
 
     def _keep_finished(self, request_ids) -> None:
         for rid in request_ids:
