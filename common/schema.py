@@ -1,4 +1,5 @@
-"""The run's configuration as data, in one place: one dataclass a section, composed into `RunConfig`. Workers
+"""The run's configuration as data: one dataclass a section (the episode's sections in common/schema_episodes.py),
+composed into `RunConfig`. Workers
 receive their own sections (`TrainerConfig`, `AlgorithmConfig`, `LoraConfig`, ...), never the whole config. A key
 whose value is one of a fixed set declares it with `one_of`; `CHOICES` is read from those declarations, and
 rlhf/config/ checks them and lists them (--help-config). Nothing here imports torch, the engines, the trainers or the
@@ -7,18 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-
-_FIRST = object()
-
-
-def one_of(*allowed: Any, default: Any = _FIRST):
-    """A dataclass field whose value must be one of `allowed`, by default the first (null passes where the key is
-    Optional). OmegaConf cannot enforce these as Enum types (names like bf16-true and k3+ are not identifiers), so
-    rlhf.config.checks does, and --help-config and docs/config-reference.md list them."""
-    return field(default=allowed[0] if default is _FIRST else default, metadata={"choices": allowed})
-
+from common.schema_episodes import AgentConfig, EnvConfig, RewardConfig  # noqa: F401 (sections of RunConfig)
+from common.schema_fields import one_of
 
 # bf16-true: bf16 weights train (fp32 master copies in the optimizer, started from the checkpoint's own values);
 # bf16-mixed: fp32 weights, matmuls under bf16 autocast (norms, embeddings, the residual stream and gradients
@@ -174,43 +167,6 @@ class AlgorithmConfig:
             return "off"
         return "reward" if self.kl_in_reward else "loss"
 
-
-@dataclass
-class EnvConfig:
-    """Multi-turn rollouts against an environment (rollout.env). `name` unset = single-turn completions."""
-
-    name: Optional[str] = None  # package.module:ClassName, a rollout.env.Environment; one instance per trajectory
-    max_turns: int = 4  # model turns per trajectory
-    kwargs: dict = field(default_factory=dict)  # passed to the class's constructor
-    timeout_s: float = 30.0  # per reset/step; a step over it (or one that raises) ends its trajectory, reward 0
-    num_workers: int = 8  # threads stepping environments while the engines generate
-    observation_role: str = one_of("user", "tool")  # observations' chat role (tool where the template has one)
-
-
-@dataclass
-class RewardConfig:
-    fn: Optional[str] = None  # "package.module:function"; unset = the built-in task's verifiable reward
-    model_path: Optional[str] = None  # stage rl: score rollouts with this reward model (an `rm` stage's final/)
-    timeout_s: float = 600.0  # seconds one call of reward.fn (a step's completions) may take before the run stops
-    # a reward service: POST {"prompts", "completions", "metadata"} -> {"rewards"} (rollout.rewards.http)
-    url: Optional[str] = None
-    url_batch: int = 32  # completions per request
-    url_concurrency: int = 4  # requests in flight at once
-    url_retries: int = 3  # retries of a request that failed to connect, timed out, or got 429 / 5xx
-
-
-@dataclass
-class AgentConfig:
-    """An agent's own code played against the rollout's OpenAI-compatible endpoint (rollout.agents.runner). `fn` unset
-    = no agent."""
-
-    fn: Optional[str] = None  # package.module:function, run(row, client) -> reward; sync or async
-    tool_parser: str = "hermes"  # vLLM's tool-call parser for the model family (hermes, llama3_json, pythonic, ...)
-    max_calls: int = 8  # endpoint calls per episode; one more is answered 400 (max_calls_exceeded)
-    timeout_s: float = 120.0  # per episode; an agent still running then ends with reward 0, its later calls 404
-    concurrency: int = 32  # episodes running at once
-    host: str = "127.0.0.1"  # where the endpoint listens
-    port: int = 0  # 0 = a free port
 
 STAGES = ("sft", "rl", "dpo", "rm")
 TASK_NAMES = ("sort", "add", "guess")  # rlhf/stages/tasks.py's TASKS (a test compares)
