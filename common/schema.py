@@ -1,9 +1,8 @@
 """The run's configuration as data: one dataclass a section (the episode's sections in common/schema_episodes.py),
-composed into `RunConfig`. Workers
-receive their own sections (`TrainerConfig`, `AlgorithmConfig`, `LoraConfig`, ...), never the whole config. A key
-whose value is one of a fixed set declares it with `one_of`; `CHOICES` is read from those declarations, and
-rlhf/config/ checks them and lists them (--help-config). Nothing here imports torch, the engines, the trainers or the
-user's code."""
+composed into `RunConfig`. Workers receive their own sections (`TrainerConfig`, `AlgorithmConfig`, `LoraConfig`,
+...), never the whole config. A key whose value is one of a fixed set declares it with `one_of`; `CHOICES` is read
+from those declarations, and rlhf/config/ checks them and lists them (--help-config). Nothing here imports torch,
+the engines, the trainers or the user's code."""
 from __future__ import annotations
 
 import dataclasses
