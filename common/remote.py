@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from common import timeline
 from common.batch import Batch, shards
 
 
@@ -66,10 +67,12 @@ def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
     return ray.remote(cls).options(name=None, **opts).remote(*args, **kwargs)
 
 
-def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: str = "") -> list:
+def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: str = "",
+            since: Optional[float] = None) -> list:
     """ray.get on a list with one deadline. Results are waited for together, so a rank that died is reported at
     once by its role (e.g. 'policy trainer 1') even while its peers hang in a collective waiting for it. `hint`:
-    which setting to raise, said when the deadline passes."""
+    which setting to raise, said when the deadline passes. `since`: when the calls were sent (time.time()), if
+    before now (their spans in the run's timeline start there)."""
     import time
 
     import ray
@@ -77,8 +80,11 @@ def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: s
 
     role_of = {ref: role for ref, role in zip(refs, roles)}
     pending, deadline = list(refs), time.monotonic() + timeout_s
+    trace, called = timeline.current(), since or time.time()  # (logging.trace: each answer a span on its track)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if ready and trace is not None:
+            trace.span(role_of[ready[0]], timeline.phase_name(), called, time.time())
         if not ready:
             raise WorkerDied(f"{', '.join(role_of[r] for r in pending)} did not answer within {timeout_s:.0f} s "
                              f"(a collective that reached only some ranks hangs like this{'; ' * bool(hint)}{hint})",

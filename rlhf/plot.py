@@ -1,5 +1,7 @@
 """`python -m rlhf.plot <run_dir>`: draw a run's metrics.jsonl as PNG curves in <run_dir>/plots/summary.png —
-rewards, evaluation, KL, losses, the engine/trainer log-prob agreement, and the step time split by phase."""
+rewards, evaluation, KL, losses, the engine/trainer log-prob agreement, and the step time split by phase — and,
+where the run kept a trace (logging.trace), <run_dir>/plots/timeline.png: each actor's calls over the last steps,
+and each role's busy fraction a step."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +18,8 @@ PANELS = [
     ("losses", ["train/loss", "policy/loss", "critic/loss"], "linear"),
     ("rollout/logprob_diff (engine vs trainer)", ["rollout/logprob_diff"], "log"),
 ]
-PHASES = ["time/rollout", "time/reward", "time/ref", "time/train", "time/sync"]
+PHASES = ["time/rollout", "time/reward", "time/ref", "time/train", "time/sync", "time/other"]
+TIMELINE_STEPS = 3  # the steps the timeline draws (the last ones)
 
 
 def plot_run(run_dir: str) -> str:
@@ -45,6 +48,49 @@ def plot_run(run_dir: str) -> str:
     out_dir = os.path.join(run_dir, "plots")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "summary.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    if os.path.exists(os.path.join(run_dir, "trace.json")):
+        _timeline_figure(run_dir, rows, out_dir, plt)
+    return path
+
+
+def _timeline_figure(run_dir: str, rows: list[dict], out_dir: str, plt) -> str:
+    """plots/timeline.png: the trace's spans of the last TIMELINE_STEPS steps, a row per track (coloured by the
+    driver's phase), over the busy fractions a step of each role (util/...)."""
+    from common.timeline import STEPS, read_trace
+
+    events = read_trace(os.path.join(run_dir, "trace.json"))
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    spans = [e for e in events if e["ph"] == "X"]
+    steps = [e for e in spans if tracks.get(e["tid"]) == STEPS][-TIMELINE_STEPS:]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(14, 8), gridspec_kw={"height_ratios": [3, 2]})
+    if steps:
+        lo, hi = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
+        shown = [e for e in spans if e["ts"] + e["dur"] >= lo and e["ts"] <= hi]
+        names = sorted({e["name"] for e in shown if tracks.get(e["tid"]) != STEPS})
+        colours = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+        order = sorted(tracks, key=lambda t: tracks[t])
+        for y, tid in enumerate(order):
+            for e in (e for e in shown if e["tid"] == tid):
+                colour = "lightgrey" if tracks[tid] == STEPS else colours[e["name"]]
+                top.barh(y, e["dur"] / 1e6, left=(e["ts"] - lo) / 1e6, color=colour, edgecolor="white")
+        top.set_yticks(range(len(order)), [tracks[t] for t in order])
+        top.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c, label=n) for n, c in colours.items()], fontsize=8,
+                   loc="upper right")
+    top.set_xlabel("seconds")
+    top.set_title(f"the last {len(steps)} steps: each actor's calls, by the driver's phase")
+    keys = sorted({k for r in rows for k in r if k.startswith("util/") and k.endswith("_busy")})
+    for key in keys:
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        bottom.plot(*zip(*pts), marker="o", markersize=3, label=key[5:])
+    bottom.set_ylim(0, 1.05)
+    bottom.set_xlabel("step")
+    bottom.set_title("busy fraction of each step, by role")
+    if keys:
+        bottom.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "timeline.png")
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

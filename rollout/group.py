@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
@@ -23,6 +24,7 @@ class Submitted:
     lives: list = field(default_factory=list)  # lives[k]: the engine's restart count when refs[k] was sent
     samples: Optional[list[Sample]] = None  # once collected
     timeout_s: float = 0.0  # its deadline (RolloutGroup.deadline)
+    sent_at: float = field(default_factory=time.time)  # (the start of its spans in the run's timeline)
 
 
 BASE_TIMEOUT_S = 600.0  # any engine call: a wake-up, a sync, a generation's fixed part
@@ -161,7 +163,7 @@ class RolloutGroup:
         roles = [self.roles[i] for i, _ in sub.spans]
         while True:
             try:
-                chunks = ray_get(sub.refs, sub.timeout_s, roles, TIMEOUT_HINT)
+                chunks = ray_get(sub.refs, sub.timeout_s, roles, TIMEOUT_HINT, since=sub.sent_at)
                 break
             except WorkerDied as e:
                 i = self._restart(e, {j: sub.lives[k] for k, (j, _) in enumerate(sub.spans)})
@@ -237,7 +239,6 @@ class RolloutGroup:
 def _wait_restarted(engine, role: str, timeout_s: float = 1800.0) -> None:
     """Until Ray has restarted `engine` (calls meanwhile fail as 'temporarily unavailable'); WorkerDied when it was
     dead for good (its max_restarts used up) or did not come back in time."""
-    import time
 
     import ray
     from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError

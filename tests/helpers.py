@@ -73,3 +73,25 @@ def session_ray() -> str:
         ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"PYTHONPATH": python_path(ROOT)}})
     return ray.get_runtime_context().gcs_address
+
+
+def check_trace(run_dir, rows: list) -> None:
+    """logging.trace on a finished RL run: its trace parses, with a track for the driver, the steps, and each engine
+    and trainer; each step's phases sum to its wall time within 5% and the driver's spans agree with `time/*`; the
+    busy fractions are fractions."""
+    from common.timeline import DRIVER, STEPS, read_trace
+    events = read_trace(os.path.join(str(run_dir), "trace.json"))
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {DRIVER, STEPS} <= set(tracks.values()), tracks
+    assert any(t.startswith("rollout engine") for t in tracks.values()), tracks
+    assert any(t.startswith("policy trainer") for t in tracks.values()), tracks
+    spans = [e for e in events if e["ph"] == "X"]
+    for row in (r for r in rows if "time/step" in r):
+        step = next(e for e in spans if e["name"] == f"step {row['step']}")
+        lo, hi = step["ts"], step["ts"] + step["dur"]
+        inside = [e for e in spans if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1e3 and e is not step]
+        driver = sum(e["dur"] for e in inside if tracks[e["tid"]] == DRIVER) / 1e6
+        phases = row["time/step"] - row["time/other"]
+        assert row["time/other"] <= 0.05 * row["time/step"], row
+        assert abs(driver - phases) <= 0.05 * row["time/step"], (driver, phases)
+        assert all(0.0 <= v <= 1.0 for k, v in row.items() if k.startswith("util/") and k != "util/workers")

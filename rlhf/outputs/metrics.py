@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import Optional
 
+from common import timeline
 from rlhf.config import LoggingConfig
 from rlhf.outputs.console import Console, quiet_transformers, step_line, warnings_for
 
@@ -23,9 +24,13 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, phase: str):
-        start = time.perf_counter()
-        yield
+        start, wall = time.perf_counter(), time.time()
+        with timeline.in_phase(phase):  # (worker calls meanwhile are named by it: common.timeline)
+            yield
         self.times[f"time/{phase}"] = self.times.get(f"time/{phase}", 0.0) + time.perf_counter() - start
+        trace = timeline.current()
+        if trace is not None:
+            trace.span(timeline.DRIVER, phase, wall, time.time())
 
 
 class MetricsLogger:

@@ -141,6 +141,7 @@ class RLController:
         if self.verified:  # rollout.verify_sync_every: this step's sync was checked, tensor by tensor
             metrics["rollout/sync_verified_tensors"], self.verified = float(self.verified), 0
         metrics.update(self._rollout_metrics(rollout, kl, metrics))
+        metrics["train/tokens"] = float(rollout.loss_mask.sum())  # (perf/device_s_per_token: rlhf.outputs.steps)
         if overlong is not None:
             metrics["rollout/overlong_penalty_mean"] = overlong.mean().item()
         if distill is not None:  # opd: how far the student's samples are from the teacher

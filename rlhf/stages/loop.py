@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Callable, Iterator, Optional, Protocol
 
+from common import timeline
 from common.errors import TrainingStopped, UserError
 from common.remote import WorkerDied
 from rlhf.config import RunConfig, to_yaml
@@ -18,6 +19,7 @@ from rlhf.config.resolve import precision_facts
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.outputs.run_identity import check_same_run, identity
+from rlhf.outputs.steps import StepClock, advice, device_hours
 from rlhf.stages.data import BatchIterator, tokenizer_source
 
 
@@ -167,9 +169,11 @@ def restore_newest(cfg: RunConfig, stage: "Stage", folder: str, state: dict) -> 
 
 def timed_evaluation(stage: Stage, logger: MetricsLogger) -> dict:
     """The stage's evaluation metrics and `time/eval`, its seconds (outside `time/step`); a timer on the console."""
-    begin = time.perf_counter()
-    with logger.phase("evaluating"):
+    begin, wall = time.perf_counter(), timeline.now()
+    with logger.phase("evaluating"), timeline.in_phase("eval"):
         metrics = stage.evaluate()
+    if timeline.current() is not None:
+        timeline.current().span(timeline.DRIVER, "eval", wall, timeline.now())
     return {**metrics, "time/eval": time.perf_counter() - begin}
 
 
@@ -189,10 +193,13 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         logger.log(0, {**(timed_evaluation(stage, logger) if evaluating else {}), **stage.initial_metrics(),
                        **precision_facts(cfg)[0]}, advance=False)  # (a result compared across precisions says so)
     row: dict = {}
+    clock = StepClock(cfg.output_dir, cfg.logging.trace, cfg.placement.num_gpus)  # (logging.trace)
     for step in range(start + 1, cfg.trainer.max_steps + 1):
         begin = time.perf_counter()
+        clock.begin()
         row = stage.step(step)
         row["time/step"] = time.perf_counter() - begin
+        clock.end(step, row)
         if evaluating and (step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0)):
             row.update(timed_evaluation(stage, logger))
         if guard.observe(row):
@@ -202,17 +209,21 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
             tmp = checkpoint.tmp_folder(cfg.output_dir, step)
             with stopped_if_disk_full(cfg.output_dir, f"saving checkpoint {step}", resume_from, tmp), \
-                    logger.phase(f"saving checkpoint {step}"):
+                    logger.phase(f"saving checkpoint {step}"), timeline.in_phase("checkpoint"):
                 stage.save(checkpoint.begin(cfg.output_dir, step))
                 resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
                     "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
                     cfg.checkpoint.keep_last)
     out = os.path.join(cfg.output_dir, "final")
     with stopped_if_disk_full(cfg.output_dir, f"saving the final model to {out}", resume_from), \
-            logger.phase("saving the final model"):
+            logger.phase("saving the final model"), timeline.in_phase("save"):
         stage.save_final(out)
+    clock.close()
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
+    for line in filter(None, [device_hours(rows, cfg.placement.num_gpus),
+                              *advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0)]):
+        logger.console(line)
     return next((r for r in rows if headline in r), {}), row
 
 

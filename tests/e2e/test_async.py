@@ -13,7 +13,7 @@ import time
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.helpers import ROOT, child_commands, logged_rows, run_cli
+from tests.helpers import ROOT, check_trace, child_commands, logged_rows, run_cli
 
 PER_STEP, STEPS = 16, 8  # one epoch of PER_STEP x STEPS rows
 
@@ -52,6 +52,7 @@ def test_generating_ahead_stays_within_max_staleness_and_is_corrected(sft_model,
     assert all(r["rollout/fill_rounds"] == 1 and "rollout/kept_group_frac" in r for r in rows)
     trained = _trained_rows(tmp_path)
     assert sorted(trained) == [1, 2, 3, 4, 5, 6] and all(len(set(r)) == PER_STEP for r in trained.values())
+    check_trace(tmp_path, rows)  # (the generator's calls overlap the trainer's: each on its engine's track)
     config = (tmp_path / "config.yaml").read_text()
     assert "tis_cap: 2.0" in config and "tis_mask_low: 0.5" in config and "tis_mask_high: 5.0" in config
 

@@ -5,7 +5,7 @@ in log-prob on unchanged weights, so agreement after a sync is what this checks.
 import pytest
 
 from rlhf.outputs.metrics import read_metrics
-from tests.helpers import run_cli
+from tests.helpers import check_trace, run_cli
 
 TINY_MOE = ("model.tiny.num_experts=4", "model.tiny.intermediate_size=192")
 
@@ -28,6 +28,7 @@ def test_sft_then_grpo_on_a_mixture_of_experts_keeps_the_engine_on_the_trainers_
     assert rows[2]["rollout/sync_verified_tensors"] >= 2 * 4 * 3
     # routing replay: the engine's routes reached the trainer, which (fp32 both sides) would have chosen the same
     assert all(r["moe/router_agreement"] >= 0.99 for r in rows[1:]), [r.get("moe/router_agreement") for r in rows]
+    check_trace(tmp_path / "grpo", rows)  # (logging.trace, on by default)
 
 
 def test_a_tiny_mixture_of_experts_config_the_engine_cannot_sync_is_refused_with_the_key(tmp_path):

@@ -1,0 +1,94 @@
+"""Each step's account of its time (logging.trace): the step as a span beside the driver's phases and the workers'
+calls in `<output_dir>/trace.json` (common.timeline), and the step's row completed with what they add up to:
+`time/other` (the step's wall time not in any `time/...` phase, so the phases sum to `time/step`), the
+`util/...` fractions, and `perf/device_s_per_token` (devices x step seconds per trained token; a device is a GPU the
+run holds, on CPU a worker process)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from common import timeline
+
+TIME_KEYS_NOT_PHASES = ("time/step", "time/other", "time/train_worker")  # (train_worker: inside time/train)
+
+
+class StepClock:
+    def __init__(self, output_dir: str, enabled: bool, num_gpus: int = 0):
+        self.trace = timeline.Timeline(os.path.join(output_dir, "trace.json")) if enabled else None
+        timeline.install(self.trace)
+        self.num_gpus, self.start = num_gpus, 0.0
+
+    def begin(self) -> None:
+        if self.trace is not None:
+            self.trace.take_recent()  # (what came before the step: start-up, evaluation, a checkpoint)
+        self.start = timeline.now()
+
+    def end(self, step: int, row: dict) -> None:
+        """Complete `row` (its `time/step` already set) and write the step's spans out."""
+        phases = sum(v for k, v in row.items() if k.startswith("time/") and k not in TIME_KEYS_NOT_PHASES)
+        row["time/other"] = max(row["time/step"] - phases, 0.0)
+        if self.trace is None:
+            return
+        end = timeline.now()
+        self.trace.span(timeline.STEPS, f"step {step}", self.start, end, step=step)
+        util = timeline.utilisation(self.trace.take_recent(), self.start, end)
+        row.update(util)
+        devices = self.num_gpus or util.get("util/workers", 0.0)
+        tokens: Optional[float] = row.get("train/tokens")
+        if tokens and devices:
+            row["perf/device_s_per_token"] = devices * row["time/step"] / tokens
+        self.trace.flush()
+
+    def phase_span(self, name: str, start: float) -> None:
+        """A driver phase the loop itself runs (an evaluation, a checkpoint), from `start` to now."""
+        if self.trace is not None:
+            self.trace.span(timeline.DRIVER, name, start, timeline.now())
+
+    def close(self) -> None:
+        if self.trace is not None:
+            self.trace.close()
+        timeline.install(None)
+
+
+def mean_of(rows: list[dict], key: str) -> Optional[float]:
+    values = [r[key] for r in rows if key in r]
+    return sum(values) / len(values) if values else None
+
+
+def device_hours(rows: list[dict], num_gpus: int) -> Optional[str]:
+    """The run's steps in device-hours, split by phase: 'device-hours 0.012 (rollout 48%, train 35%, ...)'."""
+    steps = [r for r in rows if "time/step" in r]
+    if not steps:
+        return None
+    devices = num_gpus or (mean_of(steps, "util/workers") or 1.0)
+    total = sum(r["time/step"] for r in steps)
+    by_phase: dict[str, float] = {}
+    for r in steps:
+        for k, v in r.items():
+            if k.startswith("time/") and k not in ("time/step", "time/train_worker", "time/eval"):
+                by_phase[k[5:]] = by_phase.get(k[5:], 0.0) + v
+    split = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1]) if v > 0)
+    what = "GPU" if num_gpus else "worker-process"
+    return f"{what} hours in steps: {devices * total / 3600:.3g} ({split})"
+
+
+def advice(rows: list[dict], max_staleness: int, lora: bool) -> list[str]:
+    """At most two lines naming the largest losses the run's `util/...` and `time/...` show, and the key for each
+    (docs/performance.md lists the rules)."""
+    steps = [r for r in rows if "time/step" in r]
+    if not steps:
+        return []
+    engines, trainers = mean_of(steps, "util/rollout_engine_busy"), mean_of(steps, "util/policy_trainer_busy")
+    sync = sum(r.get("time/sync", 0.0) for r in steps) / sum(r["time/step"] for r in steps)
+    found: list[tuple[float, str]] = []
+    if engines is not None and trainers is not None and max_staleness == 0 and engines < 0.5 and trainers > 0.3:
+        found.append((1 - engines, f"the engines sat idle {1 - engines:.0%} of each step while the trainers "
+                                   "worked: rollout.max_staleness=1 generates the next step meanwhile (docs/async.md)"))
+    if engines is not None and trainers is not None and trainers < 0.4 and engines > 0.8:
+        found.append((1 - trainers, f"the trainers waited on generation {1 - trainers:.0%} of each step: more "
+                                    "engines (rollout.num_engines), or a shorter rollout.max_new_tokens"))
+    if sync > 0.2:
+        fix = "rollout.lora_sync=adapter" if lora else "a larger rollout.sync_bucket_mb"
+        found.append((sync, f"the weight sync took {sync:.0%} of each step: {fix}"))
+    return [f"advice: {line}" for _, line in sorted(found, key=lambda f: -f[0])[:2]]
