@@ -73,22 +73,23 @@ def device_hours(rows: list[dict], num_gpus: int) -> Optional[str]:
     return f"{what} hours in steps: {devices * total / 3600:.3g} ({split})"
 
 
-def advice(rows: list[dict], max_staleness: int, lora: bool) -> list[str]:
+def advice(rows: list[dict], max_staleness: int, lora: bool, split: bool, on_gpu: bool) -> list[str]:
     """At most two lines naming the largest losses the run's `util/...` and `time/...` show, and the key for each
-    (docs/performance.md lists the rules)."""
+    (docs/performance.md lists the rules). `split`: engines and trainers on devices of their own (placement.mode
+    split on GPUs); colocated, each waits while the other works by design, so their idle time is no loss."""
     steps = [r for r in rows if "time/step" in r]
     if not steps:
         return []
     engines, trainers = mean_of(steps, "util/rollout_engine_busy"), mean_of(steps, "util/policy_trainer_busy")
     sync = sum(r.get("time/sync", 0.0) for r in steps) / sum(r["time/step"] for r in steps)
     found: list[tuple[float, str]] = []
-    if engines is not None and trainers is not None and max_staleness == 0 and engines < 0.5 and trainers > 0.3:
+    if split and engines is not None and max_staleness == 0 and engines < 0.5:
         found.append((1 - engines, f"the engines sat idle {1 - engines:.0%} of each step while the trainers "
                                    "worked: rollout.max_staleness=1 generates the next step meanwhile (docs/async.md)"))
-    if engines is not None and trainers is not None and trainers < 0.4 and engines > 0.8:
+    if split and trainers is not None and engines is not None and trainers < 0.4 and engines > 0.8:
         found.append((1 - trainers, f"the trainers waited on generation {1 - trainers:.0%} of each step: more "
                                     "engines (rollout.num_engines), or a shorter rollout.max_new_tokens"))
     if sync > 0.2:
-        fix = "rollout.lora_sync=adapter" if lora else "a larger rollout.sync_bucket_mb"
+        fix = "rollout.lora_sync=adapter" if lora and on_gpu else "a larger rollout.sync_bucket_mb"
         found.append((sync, f"the weight sync took {sync:.0%} of each step: {fix}"))
     return [f"advice: {line}" for _, line in sorted(found, key=lambda f: -f[0])[:2]]

@@ -221,8 +221,10 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     clock.close()
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
-    for line in filter(None, [device_hours(rows, cfg.placement.num_gpus),
-                              *advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0)]):
+    gpus = cfg.placement.num_gpus
+    hints = advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0, gpus > 0 and cfg.placement.mode == "split",
+                   gpus > 0)
+    for line in filter(None, [device_hours(rows, gpus), *hints]):
         logger.console(line)
     return next((r for r in rows if headline in r), {}), row
 
