@@ -276,7 +276,7 @@ class DSModel:
         """moe/router_agreement over every rank's tokens (each rank reduces, with or without routes)."""
         same, seen = self.routers.agree
         self.routers.agree = [0, 0]
-        total = self.all_reduce_sum(torch.tensor([float(same), float(seen)]))
+        total = self.all_reduce_sum(torch.tensor([float(same), float(seen)]))  # (one host read of the device sums)
         return {"moe/router_agreement": float(total[0] / total[1])} if total[1] > 0 else {}
 
     def _micro_batches(self, mini: Batch, unit: int) -> list[tuple[torch.Tensor, Batch]]:

@@ -40,7 +40,9 @@ class RouterTap:
         # algorithm.routing_replay: off (routes ignored) | measure (compared with the trainer's own) | rollout (used)
         self.mode = "off"
         self.routes: Optional[torch.Tensor] = None  # (N, MoE layers, top-k) the engine's, for this forward's tokens
-        self.agree = [0, 0]  # token-layers whose experts the trainer would choose as the engine did, and compared
+        # token-layers whose experts the trainer would choose as the engine did, and compared (on the device: read
+        # once an optimizer step, not once a layer)
+        self.agree: list = [0, 0]
         for router in routers:
             router.register_forward_hook(self._hook)
 

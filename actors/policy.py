@@ -155,7 +155,9 @@ class PolicyTrainer:
 
     @releases_gpu_cache
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
-        """LoRA only: the reference policy is this model with its adapter disabled."""
+        """LoRA only: the reference policy is this model with its adapter disabled (routing for itself: a mixture
+        of experts' replayed routes are the policy's)."""
+        batch = {k: v for k, v in batch.items() if k != "routes"}
         with self.model.disable_adapter():
             return self.ds.inference(batch, self._tempered_logprobs)
 

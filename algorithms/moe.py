@@ -58,8 +58,8 @@ def replayed_weights(router_logits: torch.Tensor, indices: torch.Tensor, normali
     return probs.to(router_logits.dtype)
 
 
-def agreement_counts(own: torch.Tensor, given: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
+def agreement_counts(own: torch.Tensor, given: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """own, given (N, k) two top-k choices for N tokens, valid (N,) bool -> (tokens whose sets of k experts are
-    equal, tokens compared), over the valid ones."""
+    equal, tokens compared), over the valid ones: 0-dim tensors on the inputs' device (summed there, read once)."""
     same = (own.sort(-1).values == given.to(own.dtype).sort(-1).values).all(-1) & valid
-    return int(same.sum()), int(valid.sum())
+    return same.sum(), valid.sum()

@@ -126,7 +126,7 @@ def samples_to_batch(samples, pad_id: int) -> Batch:
 def routes_batch(routes: Sequence[Optional[np.ndarray]], width: int) -> torch.Tensor:
     """Each sample's routes (T_i, layers, k) as (B, width, layers, k), aligned with input_ids; the id that means
     "none recorded" (rollout.engines.routes: 255, or -1 past 255 experts) fills the rest, and the rows of samples
-    without routes (restored from a checkpoint mid-generation)."""
+    without routes (ended before the checkpoint a run resumed from)."""
     first = next(r for r in routes if r is not None)
     none = 255 if first.dtype == np.uint8 else -1
     out = np.full((len(routes), width) + first.shape[1:], none, dtype=first.dtype)

@@ -41,8 +41,18 @@ def phase_name() -> str:
     return getattr(_local, "phase", None) or ("other" if thread is threading.main_thread() else thread.name)
 
 
+def carrying_phase(fn):
+    """`fn`, to run on another thread under this thread's phase (a pool's worker threads have none)."""
+    name = getattr(_local, "phase", None)
+
+    def run(*args, **kwargs):
+        with in_phase(name):
+            return fn(*args, **kwargs)
+    return run if name else fn
+
+
 @contextmanager
-def in_phase(name: str):
+def in_phase(name: Optional[str]):
     before = getattr(_local, "phase", None)
     _local.phase = name
     try:
@@ -59,6 +69,7 @@ class Timeline:
         self.pending: list[tuple[str, str, float, float, dict]] = []
         self.recent: list[tuple[str, str, float, float, dict]] = []  # the spans of the step being measured
         self.tids: dict[str, int] = {}
+        self.seen: set[str] = set()  # every track a span was recorded on
         if os.path.exists(path):  # an earlier launch's (a resumed run): kept beside, each file one whole trace
             n = 1
             while os.path.exists(f"{path[:-5]}-{n}.json"):
@@ -70,6 +81,7 @@ class Timeline:
 
     def span(self, track: str, name: str, start: float, end: float, **args) -> None:
         with self.lock:
+            self.seen.add(track)
             self.pending.append((track, name, start, end, args))
             self.recent.append((track, name, start, end, args))
 
@@ -102,18 +114,24 @@ class Timeline:
 
 
 def read_trace(path: str) -> list[dict]:
-    """The events of a trace this module wrote, whole or cut short (a run still writing, or killed)."""
+    """The events of a trace this module wrote, whole or cut short (a run still writing, or killed mid-line)."""
+    events = []
     with open(path, encoding="utf-8") as f:
-        text = f.read()
-    body = text.strip().lstrip("[").rstrip("]").strip().rstrip(",")
-    return json.loads(f"[{body}]")
+        for line in f:
+            line = line.strip().rstrip(",")
+            if line.startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:  # (the last line, cut by a kill)
+                    break
+    return events
 
 
 def union_seconds(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
     """Seconds of [lo, hi] covered by at least one of `intervals`."""
     covered, last = 0.0, lo
     for start, end in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
-        if end <= last:
+        if end <= max(start, last):  # (outside [lo, hi], or covered already)
             continue
         covered += end - max(start, last)
         last = end
@@ -128,12 +146,14 @@ def role_of(track: str) -> str:
     return "_".join(words)
 
 
-def utilisation(spans: list[tuple[str, str, float, float, dict]], start: float, end: float) -> dict[str, float]:
+def utilisation(spans: list[tuple[str, str, float, float, dict]], start: float, end: float,
+                known: tuple[str, ...] = ()) -> dict[str, float]:
     """A step's `util/<role>_busy` (the fraction of [start, end] each actor had a call in flight, the mean over a
-    role's actors) and `util/bubble` (the mean idle fraction over every worker actor): the driver's own track and the
-    step markers are not workers."""
+    role's actors) and `util/bubble` (the mean idle fraction over every worker actor: those with a span here and
+    the `known` ones, seen earlier in the run, idle through this step): the driver's own track and the step markers
+    are not workers."""
     wall = max(end - start, 1e-9)
-    per_track: dict[str, list[tuple[float, float]]] = {}
+    per_track: dict[str, list[tuple[float, float]]] = {t: [] for t in known if t not in (DRIVER, STEPS)}
     for track, _, s, e, _ in spans:
         if track not in (DRIVER, STEPS):
             per_track.setdefault(track, []).append((s, e))

@@ -32,18 +32,13 @@ class StepClock:
             return
         end = timeline.now()
         self.trace.span(timeline.STEPS, f"step {step}", self.start, end, step=step)
-        util = timeline.utilisation(self.trace.take_recent(), self.start, end)
+        util = timeline.utilisation(self.trace.take_recent(), self.start, end, tuple(self.trace.seen))
         row.update(util)
         devices = self.num_gpus or util.get("util/workers", 0.0)
         tokens: Optional[float] = row.get("train/tokens")
         if tokens and devices:
             row["perf/device_s_per_token"] = devices * row["time/step"] / tokens
         self.trace.flush()
-
-    def phase_span(self, name: str, start: float) -> None:
-        """A driver phase the loop itself runs (an evaluation, a checkpoint), from `start` to now."""
-        if self.trace is not None:
-            self.trace.span(timeline.DRIVER, name, start, timeline.now())
 
     def close(self) -> None:
         if self.trace is not None:

@@ -194,39 +194,46 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
                        **precision_facts(cfg)[0]}, advance=False)  # (a result compared across precisions says so)
     row: dict = {}
     clock = StepClock(cfg.output_dir, cfg.logging.trace, cfg.placement.num_gpus)  # (logging.trace)
-    for step in range(start + 1, cfg.trainer.max_steps + 1):
-        begin = time.perf_counter()
-        clock.begin()
-        row = stage.step(step)
-        row["time/step"] = time.perf_counter() - begin
-        clock.end(step, row)
-        if evaluating and (step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0)):
-            row.update(timed_evaluation(stage, logger))
-        if guard.observe(row):
-            warn_skipped(logger, step, row)
-        logger.log(step, row)
-        guard.check(step, resume_from)
-        if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-            tmp = checkpoint.tmp_folder(cfg.output_dir, step)
-            with stopped_if_disk_full(cfg.output_dir, f"saving checkpoint {step}", resume_from, tmp), \
-                    logger.phase(f"saving checkpoint {step}"), timeline.in_phase("checkpoint"):
-                stage.save(checkpoint.begin(cfg.output_dir, step))
-                resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
-                    "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
-                    cfg.checkpoint.keep_last)
-    out = os.path.join(cfg.output_dir, "final")
-    with stopped_if_disk_full(cfg.output_dir, f"saving the final model to {out}", resume_from), \
-            logger.phase("saving the final model"), timeline.in_phase("save"):
-        stage.save_final(out)
-    clock.close()
+    try:
+        for step in range(start + 1, cfg.trainer.max_steps + 1):
+            begin = time.perf_counter()
+            clock.begin()
+            row = stage.step(step)
+            row["time/step"] = time.perf_counter() - begin
+            clock.end(step, row)
+            if evaluating and (step == cfg.trainer.max_steps or (cfg.eval.every and step % cfg.eval.every == 0)):
+                row.update(timed_evaluation(stage, logger))
+            if guard.observe(row):
+                warn_skipped(logger, step, row)
+            logger.log(step, row)
+            guard.check(step, resume_from)
+            if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                tmp = checkpoint.tmp_folder(cfg.output_dir, step)
+                with stopped_if_disk_full(cfg.output_dir, f"saving checkpoint {step}", resume_from, tmp), \
+                        logger.phase(f"saving checkpoint {step}"), timeline.in_phase("checkpoint"):
+                    stage.save(checkpoint.begin(cfg.output_dir, step))
+                    resume_from = checkpoint.commit(tmp, cfg.output_dir, step, {
+                        "step": step, **stage.driver_state(), "guard": guard.state(), "run": run_id},
+                        cfg.checkpoint.keep_last)
+        out = os.path.join(cfg.output_dir, "final")
+        with stopped_if_disk_full(cfg.output_dir, f"saving the final model to {out}", resume_from), \
+                logger.phase("saving the final model"), timeline.in_phase("save"):
+            stage.save_final(out)
+    finally:  # (the trace closed, and no timeline left installed, however the run ends)
+        clock.close()
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
+    say_where_time_went(cfg, rows, logger)
+    return next((r for r in rows if headline in r), {}), row
+
+
+def say_where_time_went(cfg: RunConfig, rows: list[dict], logger: MetricsLogger) -> None:
+    """The run's device-hours by phase, and advice on its largest losses (rlhf.outputs.steps)."""
     gpus = cfg.placement.num_gpus
     hints = advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0, gpus > 0 and cfg.placement.mode == "split",
                    gpus > 0)
     for line in filter(None, [device_hours(rows, gpus), *hints]):
         logger.console(line)
-    return next((r for r in rows if headline in r), {}), row
 
 
 @contextlib.contextmanager

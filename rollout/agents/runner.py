@@ -34,6 +34,7 @@ from typing import Callable, Optional, Sequence
 from common.errors import UserError, load_named
 from common.remote import WorkerDied
 from common.schema import AgentConfig
+from common.timeline import carrying_phase
 from rollout.agents.episode import Episode, Plan
 from rollout.agents.render import ToolCalls
 from rollout.agents.server import AgentEndpoint, ApiError, completion_body
@@ -176,7 +177,7 @@ class AgentRunner:
                     hold = queue.hold() if room else None
                     if hold == 0.0:
                         calls = queue.take()
-                        generating[pool.submit(self._generate, group, calls, queue.sampling)] = calls
+                        generating[pool.submit(carrying_phase(self._generate), group, calls, queue.sampling)] = calls
                         continue
                     timeout = agents.wait_timeout()
                     timeout = hold if timeout is None or (hold is not None and hold < timeout) else timeout

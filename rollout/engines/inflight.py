@@ -234,7 +234,7 @@ class KeptRequests:
                 live.delta = None
         if self.routes is not None and ended:  # (a request started again after an adapter sync: its whole context)
             routes = self.routes.fetch({rid: len(x.request.prompt_ids) + len(x.produced) - 1
-                                        for rid, x in ended.items()})
+                                        for rid, x in ended.items()}, list(self.live))
             rids = {x.request.key: rid for rid, x in ended.items()}
             for delta in out:
                 if delta.key in rids:

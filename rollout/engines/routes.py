@@ -3,12 +3,13 @@ mixture-of-experts layer chose for every token it computed, for the trainer to r
 
 vLLM 0.32 returns routed experts itself only through its Model Runner V2 (`enable_return_routed_experts`), which
 needs Triton: not on CPU. So the capture here is the worker's own, on the hook vLLM's capturer uses too (each MoE
-layer's router `set_capture_fn`, called with the layer's top-k expert ids for the forward's tokens), on both CPU and
-GPU. Each token's ids are written to its KV-cache slot (the forward context's slot mapping), as vLLM's capturer does:
-a token computed once serves every request that reads its KV, so the prompt a prefix-cache hit skipped, or that the
-n samples of a prompt share, still has its routes. A request's routes are read from its blocks when it finishes,
-before the slots can be handed to another request (the worker forgets it at its next step), and kept by request id
-until the engine fetches them.
+layer's router `set_capture_fn`, called with the layer's top-k expert ids for the forward's tokens), on CPU and GPU;
+on a GPU the engine then runs eagerly on vLLM's V1 model runner (a hook installed after CUDA graphs were captured
+would not run inside them). Each token's ids are written to its KV-cache slot (the forward context's slot mapping),
+as vLLM's capturer does: a token computed once serves every request that reads its KV, so the prompt a prefix-cache
+hit skipped, or that the n samples of a prompt share, still has its routes. A request's routes are read from its
+blocks when it finishes, before the slots can be handed to another request (the worker forgets it at its next
+step), and kept by request id until the engine fetches them.
 
 Routes are (tokens, MoE layers, top-k), uint8 (int16 past 255 experts), `missing(dtype)` where no route was recorded
 (the last sampled token is never computed)."""
@@ -46,13 +47,17 @@ class RouteRecorder:
         if not layers:
             raise ValueError("algorithm.routing_replay: the engine's model has no mixture-of-experts layer; "
                              "set algorithm.routing_replay: off")
+        fused = [type(m._quant_method).__name__ for m in layers if getattr(m._quant_method, "is_monolithic", False)]
+        if fused:  # (its kernel routes inside itself and never calls the router's hook)
+            raise ValueError(f"algorithm.routing_replay: the engine's MoE kernel ({fused[0]}) routes inside one "
+                             "fused kernel the recorder cannot see; set algorithm.routing_replay: off")
         config = model_runner.model_config
         self.experts, self.top_k = config.get_num_experts(), config.get_num_experts_per_tok()
         self.dtype = route_dtype(self.experts)
         self.block_size = model_runner.cache_config.block_size
         slots = model_runner.kv_cache_config.num_blocks * self.block_size
-        # on the model's device, written inside the forward without a host sync (CUDA graphs replay the writes);
-        # one row more, where padding tokens (slot -1) write
+        # on the model's device, written inside the forward without a host sync; one row more, where padding tokens
+        # (slot -1) write
         self.buffer = torch.full((slots + 1, len(layers), self.top_k), missing(self.dtype), device=model_runner.device,
                                  dtype=torch.uint8 if self.dtype == np.uint8 else torch.int16)
         self.padding = slots
@@ -77,6 +82,9 @@ class RouteRecorder:
         mappings = get_forward_context().slot_mapping
         if not mappings:  # (a profiling or warm-up forward: no KV cache yet)
             return
+        if isinstance(mappings, list):
+            raise RuntimeError("algorithm.routing_replay: the engine splits its batches into micro-batches (vLLM's "
+                               "dual-batch overlap), which the route recorder does not follow; turn that off")
         slots = next(iter(mappings.values()))[:ids.shape[0]]
         slots = torch.where(slots >= 0, slots, self.padding)
         self.buffer[slots, layer] = ids.to(self.buffer.dtype)
@@ -96,18 +104,18 @@ class RouteRecorder:
             if routes is not None:
                 self.finished[external_id(rid)] = routes
 
-    def take(self, request_ids: list[str]) -> dict[str, Optional[np.ndarray]]:
-        """Routes of the requests `request_ids` (external ids), finished or still running; None where unknown.
-        Finished requests nobody asked for now (an evaluation's) are dropped: the engine asks for its samples'
-        routes as soon as it has seen them end."""
+    def take(self, request_ids: list[str], expected: list[str]) -> dict[str, Optional[np.ndarray]]:
+        """Routes of the requests `request_ids` (external ids): of the newest request under each id (one started
+        again after an adapter sync reuses its id), running or finished; None where unknown. Finished requests
+        neither asked for nor `expected` later (the engine's kept requests) are dropped (an evaluation's, an aborted
+        copy's)."""
         running = {external_id(rid): rid for rid in self.runner.requests}
         out = {}
         for key in request_ids:
-            if key in self.finished:
-                out[key] = self.finished.pop(key)
-            else:
-                out[key] = self._read(running[key]) if key in running else None
-        self.finished.clear()
+            routes = self._read(running[key]) if key in running else None
+            out[key] = routes if routes is not None else self.finished.get(key)
+        keep = set(expected) - set(request_ids)
+        self.finished = {k: v for k, v in self.finished.items() if k in keep}
         return out
 
 
@@ -120,9 +128,10 @@ class EngineRoutes:
         self.layers, self.top_k, self.experts = llm.collective_rpc("rlhf_record_routes")[0]
         self.dtype = route_dtype(self.experts)
 
-    def fetch(self, lengths: dict[str, int]) -> dict[str, Optional[np.ndarray]]:
-        """{request id: its routes, (length, layers, top-k)} for requests {id: tokens computed}."""
-        got = self.llm.collective_rpc("rlhf_take_routes", args=(list(lengths),))[0]
+    def fetch(self, lengths: dict[str, int], expected: list[str]) -> dict[str, Optional[np.ndarray]]:
+        """{request id: its routes, (length, layers, top-k)} for requests {id: tokens computed}; `expected`: the
+        ids whose routes will be asked for later (requests kept across calls)."""
+        got = self.llm.collective_rpc("rlhf_take_routes", args=(list(lengths), list(expected)))[0]
         out = {}
         for key, n in lengths.items():
             raw = got.get(key)

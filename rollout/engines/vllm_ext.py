@@ -74,7 +74,8 @@ class WeightSyncExtension:
         self._rlhf_routes = RouteRecorder(self.model_runner)
         return self._rlhf_routes.shape()
 
-    def rlhf_take_routes(self, keys: list) -> dict:
+    def rlhf_take_routes(self, keys: list, expected: list) -> dict:
         """The recorded routes of requests `keys` as bytes (a numpy array's; None where unknown): they cross
-        processes as plain values."""
-        return {k: None if r is None else r.tobytes() for k, r in self._rlhf_routes.take(list(keys)).items()}
+        processes as plain values. `expected`: ids asked for later (rollout.engines.routes.RouteRecorder.take)."""
+        taken = self._rlhf_routes.take(list(keys), list(expected))
+        return {k: None if r is None else r.tobytes() for k, r in taken.items()}

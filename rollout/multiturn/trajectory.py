@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from common.errors import UserError
+from common.timeline import carrying_phase
 from common.schema import EnvConfig
 from rollout.engine import EnvOutcome, Sample, SamplingConfig
 from rollout.render import PromptRenderer
@@ -185,7 +186,7 @@ class TrajectoryRunner:
             while envs.running or envs.queued or generating or ready:
                 if ready and len(generating) < self.max_calls and not (
                         self.barrier and (envs.running or envs.queued or generating)):
-                    generating[calls.submit(self._generate, group, ready, one)] = ready
+                    generating[calls.submit(carrying_phase(self._generate), group, ready, one)] = ready
                     ready = []
                     continue
                 done, _ = wait([*envs.running, *generating], timeout=envs.wait_timeout(),

@@ -24,7 +24,7 @@ class Seq:
     engine: int = 0
     started: bool = False
     # algorithm.routing_replay, once ended (Sample.routes); not in a checkpoint (tokens x layers x k bytes a sample):
-    # a sample restored from one trains with its rows' routes left out (the trainer's own routing)
+    # an ended sample restored from one trains with its row's routes left out (the trainer's own routing)
     routes: Optional[np.ndarray] = None
 
     def take(self, delta: Delta, version: int) -> None:

@@ -202,3 +202,21 @@ def test_routing_replay_routes_each_token_to_the_engines_experts_and_its_router_
     unchanged, logp_measure = _routed(measure, batch, routes)
     assert torch.equal(unchanged, own) and torch.allclose(logp_measure, logp_own)
     assert measure.sft_step({**batch, "routes": routes})["moe/router_agreement"] == pytest.approx(agree, abs=0.05)
+
+
+def test_the_lora_reference_routes_for_itself_under_routing_replay(moe_dir):
+    """With LoRA the reference is the policy with its adapter off: the rollout's routes are the policy's, so the
+    reference's forward ignores them (and does not count in moe/router_agreement)."""
+    from rlhf.config import LoraConfig
+    B, T = 2, 10
+    ids = torch.from_numpy(np.random.default_rng(3).integers(3, 60, (B, T)))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(B, T, dtype=torch.long),
+             "loss_mask": torch.ones(B, T - 1, dtype=torch.bool)}
+    trainer = PolicyTrainer(moe_dir, TrainerConfig(lr=1e-2, batch_size=2, micro_batch_size=2, warmup_steps=0),
+                            lora=LoraConfig(rank=4), routing_replay="rollout")
+    routes = torch.zeros(B, T, 2, 2, dtype=torch.uint8)
+    routes[..., 1] = 1  # (every token to experts 0 and 1: surely not the router's own choice everywhere)
+    plain = trainer.compute_ref_logprobs(batch)
+    assert torch.equal(trainer.compute_ref_logprobs({**batch, "routes": routes}), plain)
+    assert trainer.ds.routers.agree == [0, 0]
+    assert not torch.allclose(trainer.compute_logprobs({**batch, "routes": routes}), plain)  # (the policy replays)

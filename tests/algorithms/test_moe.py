@@ -55,4 +55,5 @@ def test_agreement_counts_compare_sets_of_experts_over_the_valid_tokens():
     from algorithms.moe import agreement_counts
     own = torch.tensor([[0, 1], [2, 3], [1, 2], [0, 3]])
     given = torch.tensor([[1, 0], [2, 1], [1, 2], [0, 3]], dtype=torch.uint8)
-    assert agreement_counts(own, given, torch.tensor([True, True, True, False])) == (2, 3)
+    same, seen = agreement_counts(own, given, torch.tensor([True, True, True, False]))
+    assert (int(same), int(seen)) == (2, 3)

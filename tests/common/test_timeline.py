@@ -12,6 +12,7 @@ from rlhf.outputs.steps import StepClock, advice, device_hours
 
 def test_busy_fractions_count_overlapping_calls_once_and_only_inside_the_step():
     assert timeline.union_seconds([(0, 2), (1, 3), (5, 6), (9, 12)], 0, 10) == pytest.approx(5.0)
+    assert timeline.union_seconds([(12, 15), (-3, -1)], 0, 10) == 0.0  # (spans outside the step: nothing)
     spans = [("policy trainer 0", "train", 2, 6, {}), ("policy trainer 1", "train", 2, 4, {}),
              ("rollout engine 0", "rollout", 0, 2, {}), ("rollout engine 0", "rollout", 1, 3, {}),
              (timeline.DRIVER, "train", 2, 6, {}), ("reference model 0", "ref", -5, 1, {})]
@@ -21,6 +22,8 @@ def test_busy_fractions_count_overlapping_calls_once_and_only_inside_the_step():
     assert util["util/reference_model_busy"] == pytest.approx(0.1)  # (its span began before the step)
     assert util["util/bubble"] == pytest.approx(1 - (0.4 + 0.2 + 0.3 + 0.1) / 4) and util["util/workers"] == 4
     assert "util/driver_busy" not in util
+    idle = timeline.utilisation(spans, 0, 10, known=("rollout engine 1", timeline.DRIVER))
+    assert idle["util/rollout_engine_busy"] == pytest.approx(0.15) and idle["util/workers"] == 5  # (engine 1: 0)
 
 
 def test_a_trace_parses_while_written_and_once_closed_and_a_resumed_run_keeps_the_first(tmp_path):
@@ -49,7 +52,12 @@ def test_calls_outside_a_phase_are_named_by_their_thread():
     worker = threading.Thread(target=lambda: seen.append(timeline.phase_name()), name="async-rollout")
     worker.start()
     worker.join()
-    assert seen == ["async-rollout"]
+    with timeline.in_phase("rollout"):  # a pool's thread (multi-turn calls) runs under the phase that submitted
+        carried = threading.Thread(target=timeline.carrying_phase(lambda: seen.append(timeline.phase_name())),
+                                   name="generate_0")
+    carried.start()
+    carried.join()
+    assert seen == ["async-rollout", "rollout"]
 
 
 def test_a_steps_phases_sum_to_its_wall_time_and_the_trace_marks_the_step(tmp_path):

@@ -56,8 +56,9 @@ def test_each_sample_carries_the_experts_its_tokens_were_routed_to(ray_local, mo
 @pytest.mark.parametrize("multiprocess", [False, True])
 def test_a_kept_request_carries_its_routes_when_it_ends_across_a_sync(ray_local, moe_dir, multiprocess):
     """Generating ahead (rollout.max_staleness > 0): each kept request's routes come with the delta it ends in, for
-    its whole context, though a sync landed mid-generation (unchanged weights here, so one routing throughout); the
-    engine core in its own process too (its routes are read once it is paused)."""
+    its whole context, though a sync landed mid-generation (unchanged weights here, so one routing throughout), and
+    one that ended during an evaluation beside it too (the evaluation's own routes are fetched first); the engine
+    core in its own process too (its routes are read once it is paused)."""
     from transformers import AutoModelForCausalLM
 
     from rollout.engine import Request
@@ -67,10 +68,18 @@ def test_a_kept_request_carries_its_routes_when_it_ends_across_a_sync(ray_local,
                                 timeout_s=300, engine_cls=VLLMEngine)
     sampling = SamplingConfig(temperature=1.0, seed=5)
     prompts = {30 + i: [4 + i, 9, 11, 20 + i] for i in range(4)}
-    ids = {k: [] for k in prompts}
+    ids: dict[int, list] = {k: [] for k in prompts}
     ended = {}
     try:
         new = [Request(k, p, 12, seed=k) for k, p in prompts.items()]
+        (answer,), _ = group.advance([new + [Request(40, [5, 6, 7], 3, seed=1)]], sampling, 2, rows=5)
+        for d in answer.deltas:
+            ids.setdefault(d.key, []).extend(d.ids)
+            if d.finish is not None:
+                ended[d.key] = d.routes
+        # an evaluation beside them: request 40 ends inside it (1 token left), its routes must wait for the next call
+        group.generate([[7, 8, 9]], SamplingConfig(max_new_tokens=6, temperature=1.0, seed=2))
+        new, prompts = [], {**prompts, 40: [5, 6, 7]}
         for call in range(40):
             (answer,), _ = group.advance([new], sampling, 3, rows=4)
             new = []
