@@ -323,6 +323,15 @@ class LoggingConfig:
 
 
 @dataclass
+class CostConfig:
+    """What the run's device time costs (docs/performance.md: where the time goes)."""
+
+    # the price of one device-hour (a GPU's; on CPU a worker process's), any currency: the run's end then says what
+    # its steps cost and its evaluation gain per unit spent; null = device-hours only
+    price_per_device_hour: Optional[float] = None
+
+
+@dataclass
 class RunConfig:
     stage: str = one_of(*STAGES)  # what the run trains: supervised, a reward model, DPO, or RL with rollouts
     output_dir: str = "runs/default"  # metrics, checkpoints and the final model go here; a rerun resumes from it
@@ -340,6 +349,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run: CostConfig = field(default_factory=CostConfig)
 
 
 def choices_of(cls: Optional[type] = None, prefix: str = "") -> dict[str, tuple]:

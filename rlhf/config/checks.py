@@ -155,6 +155,8 @@ def check_outputs(cfg: RunConfig, p: Problems) -> None:
         p.bad("reward.url", url, "must be an http:// or https:// address of a reward service, and reward.fn unset")
     p.positives("reward", cfg.reward, ("url_batch", "url_concurrency"))
     e, log = cfg.eval, cfg.logging
+    if cfg.run.price_per_device_hour is not None and cfg.run.price_per_device_hour < 0:
+        p.bad("run.price_per_device_hour", cfg.run.price_per_device_hour, "must be >= 0, or null (no cost said)")
     if e.every < -1:
         p.bad("eval.every", e.every, "must be >= -1 (0 evaluates only before and after training, -1 never)")
     p.positives("eval", e, ("max_new_tokens", "n_samples"))

@@ -20,7 +20,8 @@ from common.errors import UserError
 MAY_CHANGE = ("output_dir", "trainer.max_steps", "trainer.max_bad_steps", "logging.", "eval.", "checkpoint.",
               "rollout.timeout_s", "rollout.max_engine_restarts", "rollout.multiprocess", "rollout.logprob_diff_warn",
               "placement.cpu_threads", "rollout.max_staleness", "rollout.chunk_tokens", "rollout.inflight_kv",
-              "algorithm.tis_cap", "algorithm.tis_mask_low", "algorithm.tis_mask_high", "rollout.router_agreement_warn")
+              "algorithm.tis_cap", "algorithm.tis_mask_low", "algorithm.tis_mask_high", "rollout.router_agreement_warn",
+              "run.")
 
 
 def may_change(key: str) -> bool:

@@ -51,12 +51,18 @@ def mean_of(rows: list[dict], key: str) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def step_hours(rows: list[dict], num_gpus: int) -> float:
+    """Device-hours in the run's steps: devices (GPUs, or worker processes) x step seconds."""
+    steps = [r for r in rows if "time/step" in r]
+    devices = num_gpus or (mean_of(steps, "util/workers") or 1.0)
+    return devices * sum(r["time/step"] for r in steps) / 3600
+
+
 def device_hours(rows: list[dict], num_gpus: int) -> Optional[str]:
-    """The run's steps in device-hours, split by phase: 'device-hours 0.012 (rollout 48%, train 35%, ...)'."""
+    """The run's steps in device-hours, split by phase: 'GPU hours in steps: 0.012 (rollout 48%, train 35%, ...)'."""
     steps = [r for r in rows if "time/step" in r]
     if not steps:
         return None
-    devices = num_gpus or (mean_of(steps, "util/workers") or 1.0)
     total = sum(r["time/step"] for r in steps)
     by_phase: dict[str, float] = {}
     for r in steps:
@@ -65,7 +71,21 @@ def device_hours(rows: list[dict], num_gpus: int) -> Optional[str]:
                 by_phase[k[5:]] = by_phase.get(k[5:], 0.0) + v
     split = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(by_phase.items(), key=lambda kv: -kv[1]) if v > 0)
     what = "GPU" if num_gpus else "worker-process"
-    return f"{what} hours in steps: {devices * total / 3600:.3g} ({split})"
+    return f"{what} hours in steps: {step_hours(rows, num_gpus):.3g} ({split})"
+
+
+def gain_per_hour(rows: list[dict], headline: str, num_gpus: int, price: Optional[float]) -> Optional[str]:
+    """The evaluation's gain per device-hour of steps, and with `price` (run.price_per_device_hour) what the steps
+    cost and the gain per unit spent: the one number to compare runs by."""
+    evals, hours = [r for r in rows if headline in r], step_hours(rows, num_gpus)
+    if len(evals) < 2 or hours <= 0:
+        return None
+    gain = evals[-1][headline] - evals[0][headline]
+    line = f"{headline} {gain:+.3f} in {hours:.3g} device-hours: {gain / hours:+.3g} a device-hour"
+    if price:
+        cost = hours * price
+        line += f"; at {price:g} a device-hour the steps cost {cost:.3g}, {gain / cost:+.3g} per unit"
+    return line
 
 
 def advice(rows: list[dict], max_staleness: int, lora: bool, split: bool, on_gpu: bool) -> list[str]:

@@ -19,7 +19,7 @@ from rlhf.config.resolve import precision_facts
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.outputs.run_identity import check_same_run, identity
-from rlhf.outputs.steps import StepClock, advice, device_hours
+from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour
 from rlhf.stages.data import BatchIterator, tokenizer_source
 
 
@@ -223,16 +223,18 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
         clock.close()
     rows = read_metrics(cfg.output_dir)
     logger.console(f"{name} done: {eval_summary(rows, headline)}, model saved to {out}")
-    say_where_time_went(cfg, rows, logger)
+    say_where_time_went(cfg, rows, logger, headline)
     return next((r for r in rows if headline in r), {}), row
 
 
-def say_where_time_went(cfg: RunConfig, rows: list[dict], logger: MetricsLogger) -> None:
-    """The run's device-hours by phase, and advice on its largest losses (rlhf.outputs.steps)."""
+def say_where_time_went(cfg: RunConfig, rows: list[dict], logger: MetricsLogger, headline: str) -> None:
+    """The run's device-hours by phase, its gain per device-hour (and cost), and advice on its largest losses
+    (rlhf.outputs.steps)."""
     gpus = cfg.placement.num_gpus
     hints = advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0, gpus > 0 and cfg.placement.mode == "split",
                    gpus > 0)
-    for line in filter(None, [device_hours(rows, gpus), *hints]):
+    gain = gain_per_hour(rows, headline, gpus, cfg.run.price_per_device_hour)
+    for line in filter(None, [device_hours(rows, gpus), gain, *hints]):
         logger.console(line)
 
 

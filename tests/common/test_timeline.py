@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from common import timeline
-from rlhf.outputs.steps import StepClock, advice, device_hours
+from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour
 
 
 def test_busy_fractions_count_overlapping_calls_once_and_only_inside_the_step():
@@ -107,3 +107,13 @@ def test_device_hours_split_the_steps_by_phase():
     line = device_hours(_rows(engines=0.5, trainers=0.5), num_gpus=8)
     assert line.startswith("GPU hours in steps: 0.0889 (rollout 50%, train 40%, sync 10%)")
     assert device_hours([], 0) is None
+
+
+def test_the_gain_per_device_hour_and_the_cost_at_a_price():
+    rows = [{"step": 0, "eval/accuracy": 0.30}] + [dict(r, step=i + 1) for i, r in enumerate(_rows(0.5, 0.5))]
+    rows[-1] = {**rows[-1], "eval/accuracy": 0.48}
+    line = gain_per_hour(rows, "eval/accuracy", num_gpus=8, price=2.0)  # 8 GPUs x 40 s = 0.0889 GPU-hours
+    assert line.startswith("eval/accuracy +0.180 in 0.0889 device-hours: +2.02 a device-hour")
+    assert "the steps cost 0.178, +1.01 per unit" in line
+    assert "cost" not in gain_per_hour(rows, "eval/accuracy", num_gpus=8, price=None)
+    assert gain_per_hour(rows[1:], "eval/accuracy", num_gpus=8, price=None) is None  # (evaluated once)

@@ -59,6 +59,7 @@ CONFIGS = [
     ("async-negative", RL + "rollout:\n  max_staleness: -1\n", [], "rollout.max_staleness = -1: must be >= 0"),
     ("agreement-warn-above-1", RL + "rollout:\n  router_agreement_warn: 1.5\n", [],
      "rollout.router_agreement_warn = 1.5: must be in [0, 1]"),
+    ("negative-price", "run:\n  price_per_device_hour: -3\n", [], "run.price_per_device_hour = -3.0: must be >= 0"),
     ("replay-unknown", RL + "algorithm:\n  routing_replay: old\n", [], "algorithm.routing_replay = 'old'"),
     ("replay-agent", RL + "algorithm:\n  routing_replay: rollout\n", ["agent.fn=rollout.guess:GuessNumber"],
      "agent.fn = 'rollout.guess:GuessNumber': algorithm.routing_replay=rollout: agent trajectories"),
