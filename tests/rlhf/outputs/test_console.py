@@ -16,6 +16,8 @@ def test_a_step_line_holds_what_a_person_watches_and_the_time_left():
     assert "train/lr" not in line and "sync" not in line  # the full row is in metrics.jsonl, not here
     assert step_line(20, 20, {"time/step": 1.0, "rollout/reward_mean": float("nan")}, left_s=0.0) == \
         "step 20/20  s/step 1.0"
+    # logging.trace: the mean idle fraction of the workers (util/bubble), the step's one utilisation number
+    assert step_line(3, 20, {"time/step": 2.0, "util/bubble": 0.483}, left_s=None) == "step 3/20  s/step 2.0  idle 48%"
 
 
 def test_warnings_name_the_setting_to_change():
