@@ -9,7 +9,8 @@ from typing import Optional
 
 import torch
 
-from algorithms.moe import agreement_counts, expert_load, load_balancing_loss, load_imbalance, replayed_weights
+from algorithms.moe import (agreement_counts, expert_load, load_balancing_loss, load_imbalance, no_route,
+                            replayed_weights)
 
 
 def is_router(module: torch.nn.Module) -> bool:
@@ -72,7 +73,7 @@ class RouterTap:
                                    f"{len(self.routes)} (a forward that repacks the rows: packing, shared_prefix or "
                                    "sequence parallelism, cannot replay)")
             given = self.routes[:, self.layer[module]].to(indices.device)
-            valid = (given != (255 if given.dtype == torch.uint8 else -1)).all(-1)
+            valid = (given != no_route(given.dtype)).all(-1)
             if not torch.is_grad_enabled() or self.on:  # (once per forward, not again when a layer is recomputed)
                 same, seen = agreement_counts(indices, given, valid)
                 self.agree[0] += same

@@ -47,6 +47,12 @@ def router_agreement(a: torch.Tensor, b: torch.Tensor, mask: Optional[torch.Tens
     return float((same.cpu() * w).sum() / (w.sum() * same.shape[0]).clamp(min=1e-12))
 
 
+def no_route(dtype) -> int:
+    """The expert id that stands for "no route recorded" in routes of `dtype` (numpy or torch): 255 in uint8 (up to
+    254 experts), -1 in int16."""
+    return 255 if str(dtype).removeprefix("torch.") == "uint8" else -1
+
+
 def replayed_weights(router_logits: torch.Tensor, indices: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """router_logits (N, E), indices (N, k) the experts each token is made to use (routing replay) -> (N, k) their
     gate weights: the router's own softmax probabilities at those experts (renormalised over the k when the model's

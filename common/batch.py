@@ -8,6 +8,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from algorithms.moe import no_route
+
 Batch = dict[str, torch.Tensor]
 
 
@@ -128,8 +130,7 @@ def routes_batch(routes: Sequence[Optional[np.ndarray]], width: int) -> torch.Te
     "none recorded" (rollout.engines.routes: 255, or -1 past 255 experts) fills the rest, and the rows of samples
     without routes (ended before the checkpoint a run resumed from)."""
     first = next(r for r in routes if r is not None)
-    none = 255 if first.dtype == np.uint8 else -1
-    out = np.full((len(routes), width) + first.shape[1:], none, dtype=first.dtype)
+    out = np.full((len(routes), width) + first.shape[1:], no_route(first.dtype), dtype=first.dtype)
     for i, r in enumerate(routes):
         if r is not None:
             out[i, :len(r)] = r[:width]

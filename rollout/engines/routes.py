@@ -11,8 +11,8 @@ hit skipped, or that the n samples of a prompt share, still has its routes. A re
 blocks when it finishes, before the slots can be handed to another request (the worker forgets it at its next
 step), and kept by request id until the engine fetches them.
 
-Routes are (tokens, MoE layers, top-k), uint8 (int16 past 255 experts), `missing(dtype)` where no route was recorded
-(the last sampled token is never computed)."""
+Routes are (tokens, MoE layers, top-k), uint8 (int16 past 255 experts), `algorithms.moe.no_route` where no route
+was recorded (the last sampled token is never computed)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -20,14 +20,11 @@ from typing import Optional
 import numpy as np
 import torch
 
+from algorithms.moe import no_route
+
 
 def route_dtype(num_experts: int) -> np.dtype:
     return np.dtype(np.uint8) if num_experts < 255 else np.dtype(np.int16)
-
-
-def missing(dtype) -> int:
-    """The id that stands for "no route recorded" in routes of `dtype`."""
-    return 255 if np.dtype(dtype) == np.uint8 else -1
 
 
 def external_id(request_id: str) -> str:
@@ -58,7 +55,7 @@ class RouteRecorder:
         slots = model_runner.kv_cache_config.num_blocks * self.block_size
         # on the model's device, written inside the forward without a host sync; one row more, where padding tokens
         # (slot -1) write
-        self.buffer = torch.full((slots + 1, len(layers), self.top_k), missing(self.dtype), device=model_runner.device,
+        self.buffer = torch.full((slots + 1, len(layers), self.top_k), no_route(self.dtype), device=model_runner.device,
                                  dtype=torch.uint8 if self.dtype == np.uint8 else torch.int16)
         self.padding = slots
         self.runner = model_runner
@@ -140,7 +137,7 @@ class EngineRoutes:
                 continue
             routes = np.frombuffer(raw, dtype=self.dtype).reshape(-1, self.layers, self.top_k)[:n]
             if len(routes) < n:  # (positions its blocks did not hold: none recorded)
-                pad = np.full((n - len(routes), self.layers, self.top_k), missing(self.dtype), self.dtype)
+                pad = np.full((n - len(routes), self.layers, self.top_k), no_route(self.dtype), self.dtype)
                 routes = np.concatenate([routes, pad])
             out[key] = routes
         return out
