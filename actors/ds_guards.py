@@ -79,3 +79,28 @@ def zero3_loading(config: dict):
         yield
     finally:
         del keep
+
+
+@contextmanager
+def suppressed_update(optimizer, scheduler, skip: bool):
+    """While `skip`, DeepSpeed's step runs (its counters advance, gradients are cleared) but the wrapped torch
+    `optimizer` does not move (`skippable`), and the LR `scheduler` is put back afterwards."""
+    if not skip:
+        yield
+        return
+    sched_state, lrs = scheduler.state_dict(), [g["lr"] for g in optimizer.param_groups]
+    optimizer.skip = True
+    try:
+        yield
+    finally:
+        optimizer.skip = False
+        scheduler.load_state_dict(sched_state)
+        for group, lr in zip(optimizer.param_groups, lrs):
+            group["lr"] = lr
+
+
+def stage0_grad_norm(module: torch.nn.Module) -> float:
+    """ZeRO 1-3 optimizers record the global grad norm; stage 0 in fp32 does not, so compute it (gradients are
+    already averaged over ranks after the boundary backward)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()

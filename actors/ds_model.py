@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from typing import Callable, Optional
 
 import torch
@@ -16,14 +16,16 @@ from actors.batching.prefix_sharing import (PrefixPlan, forward_cost, gather_row
                                             mask_align, plan_prefixes, share_prefixes)
 from actors.dist import init_deepspeed_distributed
 from actors.ds_config import deepspeed_config, make_optimizer, warmup_lambda
-from actors.ds_guards import restricted_checkpoint_engine, zero3_loading
+from actors.ds_guards import restricted_checkpoint_engine, stage0_grad_norm, suppressed_update, zero3_loading
 from actors.logits import DeferredHead, HeadOutput, keep_kwargs, takes_logits_to_keep
 from actors.memory_plan import MemoryPlanner, enable_checkpointing, return_freed_memory
 from actors.moe import RouterTap
 from actors.precision import fresh_adam, master_state_dict, start_masters
 from actors.sequence_parallel import SequenceParallel, loss_scale, sequence_groups
+from common import spans
 from common.batch import Batch, attention_inputs, first_target, split_batch
 from common.dtypes import autocast
+from common.flops import ModelShape, forward_flops, model_shape
 from common.schema import TrainerConfig, precision_of
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
@@ -96,6 +98,8 @@ class DSModel:
         self.planner = MemoryPlanner.attach(self.module, tr, self.precision, self.device, world_size, rank)
         self.routers = RouterTap.attach(self.module, tr.router_aux_loss_coef)  # (a mixture of experts)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
+        self.shape: Optional[ModelShape] | bool = False  # (common.flops: made when spans are first recorded)
+        spans.matmul_dtype = str(self.mask_dtype).removeprefix("torch.")  # (the CPU's peak is probed in it)
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
 
@@ -156,6 +160,16 @@ class DSModel:
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 
+    def forward_flops(self, mb: Batch) -> float:
+        """FLOPs of a forward over this micro-batch's rows on this rank (common.flops; 0 while nothing records)."""
+        if not spans.recording():
+            return 0.0
+        if self.shape is False:
+            numels = ((n, getattr(p, "ds_numel", p.numel())) for n, p in self.module.named_parameters())
+            self.shape = model_shape(self.module.config, numels, 0.0, 0)
+        lengths = mb["attention_mask"].sum(1).tolist()
+        return forward_flops(self.shape, lengths) / self.cfg.sequence_parallel_size
+
     def _split_attention(self):
         return self.split.active() if self.split is not None else nullcontext()
 
@@ -190,8 +204,9 @@ class DSModel:
         self.engine.eval()
 
         def run(mb: Batch) -> torch.Tensor:
-            mb = self.on_device(mb)
-            return fn(mb, self(mb)).cpu()
+            with spans.span("forward", self.device, flops=self.forward_flops(mb), grad=False):
+                mb = self.on_device(mb)
+                return fn(mb, self(mb)).cpu()
         size = self.cfg.micro_batch_size
         if self.cfg.max_tokens_per_micro_batch is None:
             out = map_grouped(batch, size, run, self._unit(batch, 1, size))
@@ -219,6 +234,11 @@ class DSModel:
         return out
 
     def optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str, unit: int = 1) -> dict[str, float]:
+        """One update (`_optimizer_step`), a span in the worker's timeline (common.spans)."""
+        with spans.span("update", self.device):
+            return self._optimizer_step(mini, loss_fn, agg, unit)
+
+    def _optimizer_step(self, mini: Batch, loss_fn: LossFn, agg: str, unit: int = 1) -> dict[str, float]:
         """Forward/backward over length-grouped micro-batches of `mini` (common.batch.length_grouped: rows in
         `unit`s), then one optimizer step.
 
@@ -237,22 +257,25 @@ class DSModel:
         for i, mb in enumerate(micro_batches):
             # the last micro-batch is the boundary, however many there are (token budgets vary the count)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
+            flops = self.forward_flops(mb)  # (common.spans: what the trace and perf/train_mfu count)
             mb = self.on_device(mb)
-            loss, m = loss_fn(mb, self(mb), normalizer)
+            with spans.span("forward", self.device, flops=flops):
+                loss, m = loss_fn(mb, self(mb), normalizer)
             if self.routers is not None:
                 loss, routed = self.routers.add_aux_loss(loss, mb.get("attention_mask"), len(mb["input_ids"]) / rows)
                 m = {**m, **routed}
             bad += float(not torch.isfinite(loss.detach()).all())
-            with self._split_attention():
+            with self._split_attention(), spans.span("backward", self.device, flops=2 * flops):
                 self.engine.backward(loss * self.loss_scale, scale_wrt_gas=False)
             if self.device.type == "cpu" and i < len(micro_batches) - 1:
                 return_freed_memory()  # the next micro-batch's activations then reuse these pages, not new ones
             skip = False
             if i == len(micro_batches) - 1:  # the boundary: decide together, before any rank steps
-                grad_norm = self._stage0_grad_norm()
+                grad_norm = stage0_grad_norm(self.module) if self.cfg.zero_stage == 0 else None
                 bad += float(grad_norm is not None and not math.isfinite(grad_norm))
                 skip = self.all_reduce_sum(bad).item() > 0
-            with self._suppressed_update(skip):
+            with suppressed_update(self._optimizer, self._scheduler, skip), \
+                    spans.span("optimizer", self.device) if i == len(micro_batches) - 1 else nullcontext():
                 self.engine.step()
             loss_sum += loss.item() / self.world_size
             # RL metrics are token means (clip fraction, entropy); preference metrics ("seq-mean") are pair means
@@ -308,31 +331,6 @@ class DSModel:
         keys = sorted(sums)
         total = self.all_reduce_sum(torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64))
         return {k: (total[i] / total[-1].clamp(min=1e-12)).item() for i, k in enumerate(keys)}
-
-    @contextmanager
-    def _suppressed_update(self, skip: bool):
-        """While `skip`, DeepSpeed's step runs (its counters advance, gradients are cleared) but the wrapped torch
-        optimizer does not move (`skippable`), and the LR schedule is put back afterwards."""
-        if not skip:
-            yield
-            return
-        sched_state, lrs = self._scheduler.state_dict(), [g["lr"] for g in self._optimizer.param_groups]
-        self._optimizer.skip = True
-        try:
-            yield
-        finally:
-            self._optimizer.skip = False
-            self._scheduler.load_state_dict(sched_state)
-            for group, lr in zip(self._optimizer.param_groups, lrs):
-                group["lr"] = lr
-
-    def _stage0_grad_norm(self) -> Optional[float]:
-        """ZeRO 1-3 optimizers record the global grad norm; stage 0 in fp32 does not, so compute it (gradients are
-        already averaged over ranks after the boundary backward)."""
-        if self.cfg.zero_stage != 0:
-            return None
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
 
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, returned on CPU (NCCL reduces device tensors only)."""

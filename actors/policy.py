@@ -17,6 +17,7 @@ from actors.logits import shifted_logprobs, shifted_logprobs_entropy
 from algorithms.dpo import dpo_objective
 from algorithms.objective import rl_objective
 from algorithms.sft import nll_loss
+from common import spans
 from common.batch import Batch, sequence_logprobs
 from common.checkpoint_format import as_checkpoint, fuses_tensors
 from common.dtypes import DTYPES, weights_dtype
@@ -283,4 +284,5 @@ class PolicyTrainer:
     def send_weights(self, fingerprint: bool = True) -> int:
         """This rank's part of one sync: export every weight (collective under ZeRO-3) and send it (fingerprinted
         if the channel verifies and `fingerprint`)."""
-        return self._sender.send(self.iter_weights(), fingerprint)
+        with spans.span("send"):
+            return self._sender.send(self.iter_weights(), fingerprint)

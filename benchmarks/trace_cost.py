@@ -21,14 +21,15 @@ from rlhf.outputs.metrics import read_metrics  # noqa: E402
 CACHE = os.path.join(ROOT, ".cache", "trace_cost")
 
 
-def run(recipe: str, trace: bool, index: int, steps: int) -> float:
-    """The run's median step seconds (its first step left out: warm-up)."""
+def run(recipe: str, trace: bool, index: int, steps: int) -> tuple[float, float]:
+    """The run's median step seconds and median `time/trace` (collecting and writing the spans after each step),
+    its first step left out (warm-up; the CPU's peak is probed in each worker then)."""
     out = os.path.join(CACHE, f"{'on' if trace else 'off'}-{index}")
     shutil.rmtree(out, ignore_errors=True)
     run_recipe(["--config", recipe, f"output_dir={out}", f"trainer.max_steps={steps}", "eval.every=-1",
                 "checkpoint.every=0", f"logging.trace={str(trace).lower()}", "model.path=null"], ROOT)
-    times = [r["time/step"] for r in read_metrics(out) if "time/step" in r][1:]
-    return statistics.median(times)
+    rows = [r for r in read_metrics(out) if "time/step" in r][1:]
+    return statistics.median(r["time/step"] for r in rows), statistics.median(r.get("time/trace", 0.0) for r in rows)
 
 
 def main() -> None:
@@ -37,15 +38,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--recipe", default="examples/sort_grpo.yaml")
     args = p.parse_args()
-    got: dict[bool, list[float]] = {True: [], False: []}
+    got: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for i in range(args.runs):
         for trace in (False, True):
             got[trace].append(run(args.recipe, trace, i, args.steps))
-    off, on = statistics.median(got[False]), statistics.median(got[True])
-    print_table(["logging.trace", "median step s per run", "median", "vs off"],
-                [["false", ", ".join(f"{t:.3f}" for t in got[False]), f"{off:.3f}", "1.000"],
-                 ["true", ", ".join(f"{t:.3f}" for t in got[True]), f"{on:.3f}", f"{on / off:.3f}"]])
-
+    off = statistics.median(t for t, _ in got[False])
+    rows = []
+    for trace in (False, True):
+        step = statistics.median(t for t, _ in got[trace])
+        after = statistics.median(a for _, a in got[trace])
+        rows.append([str(trace).lower(), ", ".join(f"{t:.3f}" for t, _ in got[trace]), f"{step:.3f}",
+                     f"{step / off:.3f}", f"{after * 1e3:.1f}", f"{(step + after) / off:.3f}"])
+    print_table(["logging.trace", "median step s per run", "median", "vs off", "time/trace ms", "with it, vs off"],
+                rows)
 
 if __name__ == "__main__":
     main()

@@ -64,7 +64,9 @@ def make_actor(cls: type, role: str, options: dict | None, *args, **kwargs):
     if not opts.get("num_gpus"):  # Ray leaves CUDA_VISIBLE_DEVICES alone for zero-GPU actors: they would see all
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
     opts["runtime_env"] = {**opts.get("runtime_env", {}), "env_vars": env}
-    return ray.remote(cls).options(name=None, **opts).remote(*args, **kwargs)
+    actor = ray.remote(cls).options(name=None, **opts).remote(*args, **kwargs)
+    timeline.ACTORS[role] = actor  # (whose spans the run's timeline collects; a weak reference)
+    return actor
 
 
 def ray_get(refs: Sequence[Any], timeout_s: float, roles: Sequence[str], hint: str = "",

@@ -317,8 +317,9 @@ class LoggingConfig:
     console_every: int = 10  # print a metrics line every N steps
     rollouts_every: int = 0  # stage rl: every N steps append samples to <output_dir>/rollouts.jsonl; 0 = never
     rollouts_per_step: int = 8  # how many samples (the first of that step's rollout) each dump holds
-    # every actor's calls and the driver's phases as spans in <output_dir>/trace.json (ui.perfetto.dev opens it) and
-    # each step's util/... metrics (docs/performance.md: where the time goes)
+    # every actor's calls, what it did inside them, and the driver's phases as spans in <output_dir>/trace.json
+    # (ui.perfetto.dev opens it), and each step's util/... and perf/..._mfu metrics (docs/performance.md: where the
+    # time goes)
     trace: bool = True
 
 

@@ -4,7 +4,7 @@ The driver sees every worker call start and end (common.remote.ray_get waits for
 0", "rollout engine 1", ...), and times its own phases (rlhf.outputs.metrics.PhaseTimer); each becomes a span on the
 track of the actor or of the driver, named by the driver's phase at the time ("rollout", "ref", "train", "sync",
 ...). A worker's span runs from the driver's call to its answer, so it holds the transport too, and a worker with
-no call in flight is idle. The spans are appended to `<output_dir>/trace.json` as each step ends, as Chrome
+no call in flight is idle. What the worker did inside (common.spans) is on a track beside it (INSIDE). The spans are appended to `<output_dir>/trace.json` as each step ends, as Chrome
 trace events (ui.perfetto.dev and chrome://tracing open the file as it is, also while the run still writes it; a
 resumed run keeps the earlier launch's as trace-1.json, ...), and turned into each step's `util/...` metrics
 (`utilisation`).
@@ -16,13 +16,16 @@ import json
 import os
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Optional
 
 DRIVER = "driver"
 STEPS = "steps"
+INSIDE = " (inside)"  # a worker's own spans (common.spans) on a track beside its calls': "policy trainer 0 (inside)"
 _local = threading.local()
 _current: Optional["Timeline"] = None
+ACTORS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()  # role -> Ray actor (common.remote)
 
 
 def current() -> Optional["Timeline"]:
@@ -138,6 +141,11 @@ def union_seconds(intervals: list[tuple[float, float]], lo: float, hi: float) ->
     return covered
 
 
+def is_worker(track: str) -> bool:
+    """A track of a worker's calls (not the driver's, the steps', nor a worker's own spans)."""
+    return track not in (DRIVER, STEPS) and not track.endswith(INSIDE)
+
+
 def role_of(track: str) -> str:
     """'policy trainer 1' -> 'policy_trainer'; 'rollout engine 0' -> 'rollout_engine'."""
     words = track.split()
@@ -153,9 +161,9 @@ def utilisation(spans: list[tuple[str, str, float, float, dict]], start: float, 
     the `known` ones, seen earlier in the run, idle through this step): the driver's own track and the step markers
     are not workers."""
     wall = max(end - start, 1e-9)
-    per_track: dict[str, list[tuple[float, float]]] = {t: [] for t in known if t not in (DRIVER, STEPS)}
+    per_track: dict[str, list[tuple[float, float]]] = {t: [] for t in known if is_worker(t)}
     for track, _, s, e, _ in spans:
-        if track not in (DRIVER, STEPS):
+        if is_worker(track):
             per_track.setdefault(track, []).append((s, e))
     busy = {t: union_seconds(iv, start, end) / wall for t, iv in per_track.items()}
     roles: dict[str, list[float]] = {}

@@ -69,24 +69,26 @@ def _timeline_figure(run_dir: str, rows: list[dict], out_dir: str, plt) -> str:
         lo, hi = steps[0]["ts"], steps[-1]["ts"] + steps[-1]["dur"]
         shown = [e for e in spans if e["ts"] + e["dur"] >= lo and e["ts"] <= hi]
         names = sorted({e["name"] for e in shown if tracks.get(e["tid"]) != STEPS})
-        colours = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+        colours = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
         order = sorted(tracks, key=lambda t: tracks[t])
-        for y, tid in enumerate(order):
-            for e in (e for e in shown if e["tid"] == tid):
+        for y, tid in enumerate(order):  # (longest first: a worker's update under its forward and backward)
+            for e in sorted((e for e in shown if e["tid"] == tid), key=lambda e: -e["dur"]):
                 colour = "lightgrey" if tracks[tid] == STEPS else colours[e["name"]]
                 top.barh(y, e["dur"] / 1e6, left=(e["ts"] - lo) / 1e6, color=colour, edgecolor="white")
         top.set_yticks(range(len(order)), [tracks[t] for t in order])
         top.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c, label=n) for n, c in colours.items()], fontsize=8,
                    loc="upper right")
     top.set_xlabel("seconds")
-    top.set_title(f"the last {len(steps)} steps: each actor's calls, by the driver's phase")
+    top.set_title(f"the last {len(steps)} steps: each actor's calls, by the driver's phase, and its own spans")
     keys = sorted({k for r in rows for k in r if k.startswith("util/") and k.endswith("_busy")})
+    keys += sorted({k for r in rows for k in r if k.startswith("perf/") and k.endswith(("_mfu", "_util"))})
     for key in keys:
         pts = [(r["step"], r[key]) for r in rows if key in r]
-        bottom.plot(*zip(*pts), marker="o", markersize=3, label=key[5:])
+        bottom.plot(*zip(*pts), marker="o", markersize=3, label=key.split("/")[1],
+                    linestyle="--" if key.startswith("perf/") else "-")
     bottom.set_ylim(0, 1.05)
     bottom.set_xlabel("step")
-    bottom.set_title("busy fraction of each step, by role")
+    bottom.set_title("busy fraction of each step by role (solid); MFU and bandwidth used (dashed)")
     if keys:
         bottom.legend(fontsize=8)
     fig.tight_layout()

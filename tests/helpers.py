@@ -95,3 +95,23 @@ def check_trace(run_dir, rows: list) -> None:
         assert row["time/other"] <= 0.05 * row["time/step"], row
         assert abs(driver - phases) <= 0.05 * row["time/step"], (driver, phases)
         assert all(0.0 <= v <= 1.0 for k, v in row.items() if k.startswith("util/") and k != "util/workers")
+    check_worker_spans(spans, tracks, rows)
+
+
+def check_worker_spans(spans: list, tracks: dict, rows: list) -> None:
+    """The workers' own spans (common.spans), each on a track beside its actor's calls: a trainer's forward,
+    backward, optimizer and update, an engine's generate or advance, each inside a call the driver made to that
+    actor; the utilisation they give is a fraction above 0."""
+    from common.timeline import INSIDE
+    inner = [e for e in spans if tracks[e["tid"]].endswith(INSIDE)]
+    names = {(tracks[e["tid"]].split()[0], e["name"]) for e in inner}
+    assert {("policy", "forward"), ("policy", "backward"), ("policy", "optimizer"), ("policy", "update")} <= names
+    assert {("rollout", "generate"), ("rollout", "advance")} & names, names
+    calls: dict = {}
+    for e in spans:
+        calls.setdefault(tracks[e["tid"]], []).append(e)
+    for e in inner:  # (the driver's call spans start when it waits, after it sent the step's calls: 20 ms slack)
+        assert any(c["ts"] <= e["ts"] + 2e4 and e["ts"] + e["dur"] <= c["ts"] + c["dur"] + 2e4
+                   for c in calls[tracks[e["tid"]].removesuffix(INSIDE)]), e
+    perf = [v for r in rows for k, v in r.items() if k in ("perf/policy_trainer_mfu", "perf/prefill_mfu")]
+    assert perf and all(0.0 < v <= 1.0 for v in perf), perf

@@ -17,7 +17,8 @@ FIELDS = (("rollout/reward_mean", "reward", "{:.3f}"), ("eval/accuracy", "eval a
           ("train/loss", "loss", "{:.4g}"), ("rollout/response_len", "len", "{:.1f}"),
           ("rollout/truncated_frac", "cut", "{:.0%}"), ("rollout/signal_frac", "signal", "{:.0%}"),
           ("rollout/staleness_mean", "stale", "{:.2f}"), ("time/step", "s/step", "{:.1f}"),
-          ("perf/rollout_tokens_per_s", "tok/s", "{:.0f}"), ("util/bubble", "idle", "{:.0%}"))
+          ("perf/rollout_tokens_per_s", "tok/s", "{:.0f}"), ("util/bubble", "idle", "{:.0%}"),
+          ("perf/policy_trainer_mfu", "mfu", "{:.0%}"))
 TRUNCATED_WARN = 0.5  # most completions hit rollout.max_new_tokens
 SIGNAL_WARN = 0.25  # few groups have rewards that differ (GRPO/RLOO learn nothing from the others)
 

@@ -19,8 +19,10 @@ from rlhf.config.resolve import precision_facts
 from rlhf.outputs import checkpoint
 from rlhf.outputs.metrics import MetricsLogger, read_metrics
 from rlhf.outputs.run_identity import check_same_run, identity
-from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour
+from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour, run_totals
 from rlhf.stages.data import BatchIterator, tokenizer_source
+
+ADVISE_AFTER = 5  # steps after the launch when the advice is said once, if any rule fires
 
 
 class Checkpointable(Protocol):
@@ -196,8 +198,8 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     clock = StepClock(cfg.output_dir, cfg.logging.trace, cfg.placement.num_gpus)  # (logging.trace)
     try:
         for step in range(start + 1, cfg.trainer.max_steps + 1):
-            begin = time.perf_counter()
             clock.begin()
+            begin = time.perf_counter()
             row = stage.step(step)
             row["time/step"] = time.perf_counter() - begin
             clock.end(step, row)
@@ -205,7 +207,12 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
                 row.update(timed_evaluation(stage, logger))
             if guard.observe(row):
                 warn_skipped(logger, step, row)
+            if step == cfg.trainer.max_steps:  # (the run's device-hours and gain per device-hour: rlhf.outputs.steps)
+                row.update(run_totals(read_metrics(cfg.output_dir) + [row], headline, cfg.placement.num_gpus,
+                                      cfg.run.price_per_device_hour))
             logger.log(step, row)
+            if step == start + ADVISE_AFTER < cfg.trainer.max_steps:
+                say_where_time_went(cfg, read_metrics(cfg.output_dir)[-ADVISE_AFTER:], logger, headline, early=True)
             guard.check(step, resume_from)
             if step == cfg.trainer.max_steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
                 tmp = checkpoint.tmp_folder(cfg.output_dir, step)
@@ -227,12 +234,18 @@ def drive(cfg: RunConfig, stage: Stage, name: str, headline: str, logger: Metric
     return next((r for r in rows if headline in r), {}), row
 
 
-def say_where_time_went(cfg: RunConfig, rows: list[dict], logger: MetricsLogger, headline: str) -> None:
+def say_where_time_went(cfg: RunConfig, rows: list[dict], logger: MetricsLogger, headline: str,
+                        early: bool = False) -> None:
     """The run's device-hours by phase, its gain per device-hour (and cost), and advice on its largest losses
-    (rlhf.outputs.steps)."""
+    (rlhf.outputs.steps). `early`: the advice alone, from the first steps (ADVISE_AFTER), said once while the run
+    goes on."""
     gpus = cfg.placement.num_gpus
     hints = advice(rows, cfg.rollout.max_staleness, cfg.model.lora.rank > 0, gpus > 0 and cfg.placement.mode == "split",
                    gpus > 0)
+    if early:
+        for line in hints:
+            logger.console(f"{line} (from the first {len(rows)} steps)")
+        return
     gain = gain_per_hour(rows, headline, gpus, cfg.run.price_per_device_hour)
     for line in filter(None, [device_hours(rows, gpus), gain, *hints]):
         logger.console(line)

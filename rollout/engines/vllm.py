@@ -7,16 +7,20 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from typing import Iterable, Optional, Sequence
 
 import torch
 
+from common import spans
+from common.flops import ModelShape, model_shape
 from common.net import cache_root
 from rollout.engine import Advanced, Request, Sample, SamplingConfig
 from rollout.engines.inflight import KeptRequests, sampled_logprobs, vllm_counts
 from rollout.engines.reap import actor_key, mapped_shm, reap_orphans, record_children
 from rollout.engines.routes import EngineRoutes
 from rollout.engines.sleep import SleepState
+from rollout.engines.work import generate_work, phase_spans
 from rollout.render import render_prompts
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
@@ -114,6 +118,8 @@ class VLLMEngine:
         self.kept = KeptRequests(self.llm, inflight_kv)
         self.routes = EngineRoutes(self.llm) if record_routes else None  # algorithm.routing_replay
         self.kept.routes = self.routes
+        self.tensor_parallel_size, self.shape = tensor_parallel_size, False  # (model_shape: read when first asked)
+        spans.matmul_dtype = self.weights_dtype()
 
     def generate(self, prompts: Sequence[Sequence[int] | str | list[dict]], sampling: SamplingConfig) -> list[Sample]:
         """`prompts`: token-id lists, or text / message-list prompts rendered by the project's PromptRenderer (each
@@ -131,7 +137,12 @@ class VLLMEngine:
                                  flat_logprobs=True)
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.kept.generate(inputs, params, self.lora_request)  # (beside samples generated ahead)
+        with spans.span("generate") as work:  # (common.spans: the run's timeline, logging.trace)
+            outputs = self.kept.generate(inputs, params, self.lora_request)  # (beside samples generated ahead)
+            if spans.recording():
+                work.update(generate_work(outputs, self.model_shape(), self.tensor_parallel_size))
+                for name, start, end in phase_spans(outputs, time.time() - time.monotonic()):
+                    spans.add(name, start, end)
         samples = []
         for i, out in enumerate(outputs):
             for c in out.outputs:
@@ -152,6 +163,16 @@ class VLLMEngine:
         for key, s in zip(keys, samples):
             s.routes = routes[key]
 
+    def model_shape(self) -> Optional[ModelShape]:
+        """What the model computes per token and holds (common.flops), read from the workers once."""
+        if self.shape is False:
+            rows = [r for worker in self.llm.collective_rpc("rlhf_param_numels") for r in worker]
+            config = self.llm.llm_engine.model_config
+            cache = torch.tensor([], dtype=config.dtype).element_size()
+            self.shape = model_shape(config.hf_text_config, [(n, e) for n, e, _ in rows], sum(b for *_, b in rows),
+                                     cache)
+        return self.shape
+
     def counters(self) -> tuple[int, int]:
         """(prompt tokens computed, not counting prefix-cache hits; tokens generated) since the engine started."""
         counts = vllm_counts(self.llm)
@@ -161,7 +182,8 @@ class VLLMEngine:
         """In-flight generation (rollout.engines.inflight): start `new` (kept until they end), run `steps` engine
         steps, and return what every kept request produced meanwhile (rollout.engines.inflight.KeptRequests)."""
         self.sleep_state.check_can_generate()
-        return self.kept.advance(new, sampling, steps)
+        with spans.span("advance", steps=steps):
+            return self.kept.advance(new, sampling, steps)
 
     def abort(self, keys: list[int]) -> None:
         """Drop kept requests (a generator closing, or starting again from a checkpoint)."""
@@ -174,7 +196,8 @@ class VLLMEngine:
 
     def receive_weights(self, fingerprint: bool = True) -> int:
         """One sync: every bucket streamed into vLLM's reload as it arrives, then the prefix cache dropped."""
-        counts = self.llm.collective_rpc("rlhf_receive", args=(fingerprint,))  # one per tensor-parallel worker
+        with spans.span("receive"):
+            counts = self.llm.collective_rpc("rlhf_receive", args=(fingerprint,))  # one per tensor-parallel worker
         if len(set(counts)) != 1:
             raise RuntimeError(f"the engine's tensor-parallel workers loaded {counts} tensors in one sync")
         self._reloaded()
@@ -193,7 +216,8 @@ class VLLMEngine:
         if self.multiprocess:
             from safetensors.torch import save as save_bytes
             named = save_bytes({k: v.contiguous() for k, v in named})
-        self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
+        with spans.span("receive"):
+            self.llm.collective_rpc("rlhf_load_tensors", args=(named,))
         self._reloaded()
 
     def _reloaded(self) -> None:
@@ -225,13 +249,15 @@ class VLLMEngine:
     def sleep(self) -> None:
         level = self.sleep_state.sleep()
         if level is not None:
-            self.llm.sleep(level=level)
+            with spans.span("sleep", level=level):
+                self.llm.sleep(level=level)
 
     def wake_up(self, tags: Optional[list[str]] = None) -> None:
         """Wake what is asleep of `tags` (None = all); what is resident already is left alone."""
         asleep = self.sleep_state.wake(tags)
         if asleep is not None:
-            self.llm.wake_up(tags=asleep)
+            with spans.span("wake", tags=",".join(asleep)):
+                self.llm.wake_up(tags=asleep)
 
     def weights_dtype(self) -> str:
         """The dtype vLLM loaded the model in ('float32', 'bfloat16'): model.dtype, checked at start-up."""

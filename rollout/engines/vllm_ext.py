@@ -79,3 +79,9 @@ class WeightSyncExtension:
         processes as plain values. `expected`: ids asked for later (rollout.engines.routes.RouteRecorder.take)."""
         taken = self._rlhf_routes.take(list(keys), list(expected))
         return {k: None if r is None else r.tobytes() for k, r in taken.items()}
+
+    # ---- what the engine computes (common.spans, rollout.engines.work) ----
+    def rlhf_param_numels(self) -> list[tuple[str, int, int]]:
+        """(name, elements, bytes) of each of this worker's weights (its shard, under tensor parallelism)."""
+        return [(n, p.numel(), p.numel() * p.element_size())
+                for n, p in self.model_runner.get_model().named_parameters()]

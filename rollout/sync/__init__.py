@@ -10,6 +10,8 @@ placement: each trainer rank hands its tensors to the engine in its own process,
 """
 from __future__ import annotations
 
+import time
+
 from common.errors import UserError
 from common.remote import WorkerDied, ray_get
 from common.schema import cuda_ipc_reaches
@@ -109,7 +111,8 @@ def sync_weights(trainers: list, group, fingerprint: bool = True) -> int:
     (only the syncs rollout.verify_sync_every compares need them)."""
     receivers = [] if group.in_trainers else group.engines
     from rollout.group import BASE_TIMEOUT_S, TIMEOUT_HINT
+    sent = time.time()  # (the calls' spans in the run's timeline start here: common.timeline)
     refs = ([t.send_weights.remote(fingerprint) for t in trainers]
             + [e.receive_weights.remote(fingerprint) for e in receivers])
     return ray_get(refs, group.timeout_s or BASE_TIMEOUT_S, _trainer_roles(trainers) + group.roles[:len(receivers)],
-                   TIMEOUT_HINT)[0]
+                   TIMEOUT_HINT, since=sent)[0]

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from common import timeline
-from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour
+from rlhf.outputs.steps import StepClock, advice, device_hours, gain_per_hour, run_totals
 
 
 def test_busy_fractions_count_overlapping_calls_once_and_only_inside_the_step():
@@ -80,9 +80,10 @@ def test_a_steps_phases_sum_to_its_wall_time_and_the_trace_marks_the_step(tmp_pa
     assert timeline.current() is None
 
 
-def _rows(engines, trainers, sync=0.1, n=4):
+def _rows(engines, trainers, sync=0.1, n=4, **perf):
     return [{"time/step": 10.0, "time/rollout": 5.0, "time/train": 4.0, "time/sync": 10.0 * sync,
-             "util/rollout_engine_busy": engines, "util/policy_trainer_busy": trainers, "util/workers": 2.0}] * n
+             "util/rollout_engine_busy": engines, "util/policy_trainer_busy": trainers, "util/workers": 2.0,
+             **{f"perf/{k}": v for k, v in perf.items()}}] * n
 
 
 def test_each_advice_rule_fires_on_a_run_that_shows_its_loss_and_names_the_key():
@@ -101,6 +102,11 @@ def test_each_advice_rule_fires_on_a_run_that_shows_its_loss_and_names_the_key()
     both = advice(_rows(engines=0.3, trainers=0.6, sync=0.35), max_staleness=0, **split)
     assert len(both) == 2 and "idle" in both[0] and "sync_bucket_mb" in both[1]  # (the larger loss first)
     assert advice(_rows(engines=0.7, trainers=0.6), max_staleness=0, **split) == []
+    narrow = advice(_rows(engines=0.7, trainers=0.6, decode_bw_util=0.04, decode_seqs=8), max_staleness=0, **split)
+    assert "read 4% of the memory bandwidth" in narrow[0] and "8 sequences" in narrow[0]
+    assert "rollout.prompts_per_step" in narrow[0] and "rollout.num_engines" in narrow[0]
+    wide = _rows(engines=0.7, trainers=0.6, decode_bw_util=0.04, decode_seqs=256)  # (as many as it can: no advice)
+    assert advice(wide, max_staleness=0, **split) == []
 
 
 def test_device_hours_split_the_steps_by_phase():
@@ -117,3 +123,7 @@ def test_the_gain_per_device_hour_and_the_cost_at_a_price():
     assert "the steps cost 0.178, +1.01 per unit" in line
     assert "cost" not in gain_per_hour(rows, "eval/accuracy", num_gpus=8, price=None)
     assert gain_per_hour(rows[1:], "eval/accuracy", num_gpus=8, price=None) is None  # (evaluated once)
+    totals = run_totals(rows, "eval/accuracy", num_gpus=8, price=2.0)  # (the last row's, in metrics.jsonl)
+    assert totals == pytest.approx({"perf/device_hours": 8 * 40 / 3600, "perf/gain_per_device_hour": 0.18 * 90 / 8,
+                                    "perf/cost": 2 * 8 * 40 / 3600})
+    assert set(run_totals(rows[1:], "eval/accuracy", num_gpus=8, price=None)) == {"perf/device_hours"}

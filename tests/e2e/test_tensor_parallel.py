@@ -20,6 +20,8 @@ def test_a_grpo_run_with_two_tensor_parallel_workers_keeps_both_on_the_trainers_
     assert rows[2]["rollout/logprob_diff"] < 1e-4, [r["rollout/logprob_diff"] for r in rows]  # after a sync
     assert all(r["train/grad_norm"] > 0 for r in rows[1:])
     assert all(r["rollout/sync_verified_tensors"] > 0 for r in rows[1:])  # each sync checked on both workers
+    # (each engine's prefill FLOPs and decode bytes over its two workers' peaks: common.spans, rollout.engines.work)
+    assert all(0 < r["perf/prefill_mfu"] < 1 and 0 < r["perf/decode_bw_util"] < 1 for r in rows[1:]), rows
 
 
 @pytest.mark.slow
