@@ -25,7 +25,7 @@ from actors.sequence_parallel import SequenceParallel, loss_scale, sequence_grou
 from common import spans
 from common.batch import Batch, attention_inputs, first_target, split_batch
 from common.dtypes import autocast
-from common.flops import ModelShape, forward_flops, model_shape
+from common.flops import ModelShape, backward_flops, forward_parts, model_shape
 from common.schema import TrainerConfig, precision_of
 
 LossFn = Callable[[Batch, object, float], tuple[torch.Tensor, dict]]  # (micro-batch, model output, normalizer)
@@ -99,6 +99,7 @@ class DSModel:
         self.routers = RouterTap.attach(self.module, tr.router_aux_loss_coef)  # (a mixture of experts)
         self.has_masters = self.precision in ("bf16-true", "fp16-true")
         self.shape: Optional[ModelShape] | bool = False  # (common.flops: made when spans are first recorded)
+        self.trainable = 1.0  # (the share of weights that train: a LoRA backward computes only theirs)
         spans.matmul_dtype = str(self.mask_dtype).removeprefix("torch.")  # (the CPU's peak is probed in it)
         if self.has_masters and checkpoint is not None:
             start_masters(self.engine.optimizer, self.module, checkpoint)
@@ -160,15 +161,20 @@ class DSModel:
         out = self.engine(input_ids=ids, position_ids=positions, use_cache=False)  # a cache turns off the restarts
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 
-    def forward_flops(self, mb: Batch) -> float:
-        """FLOPs of a forward over this micro-batch's rows on this rank (common.flops; 0 while nothing records)."""
+    def flops(self, mb: Batch) -> tuple[float, float]:
+        """(forward, backward) FLOPs over this micro-batch's rows on this rank (common.flops; logits only at trained
+        positions where the model trims them; 0 while nothing records)."""
         if not spans.recording():
-            return 0.0
+            return 0.0, 0.0
         if self.shape is False:
-            numels = ((n, getattr(p, "ds_numel", p.numel())) for n, p in self.module.named_parameters())
-            self.shape = model_shape(self.module.config, numels, 0.0, 0)
-        lengths = mb["attention_mask"].sum(1).tolist()
-        return forward_flops(self.shape, lengths) / self.cfg.sequence_parallel_size
+            sizes = [(n, getattr(p, "ds_numel", p.numel()), p.requires_grad) for n, p in self.module.named_parameters()]
+            self.shape = model_shape(getattr(self.module, "config", None), [(n, k) for n, k, _ in sizes], 0.0, 0)
+            self.trainable = sum(k for _, k, t in sizes if t) / max(sum(k for _, k, _ in sizes), 1)
+        trims = (self.trims_logits or self.head is not None) and "loss_mask" in mb
+        matmul, attention = forward_parts(self.shape, mb["attention_mask"].sum(1).tolist(),
+                                          logits=mb["loss_mask"].sum(1).tolist() if trims else None)
+        share = self.cfg.sequence_parallel_size  # (each rank of a sequence-parallel group computes its share)
+        return (matmul + attention) / share, backward_flops(matmul, attention, self.trainable) / share
 
     def _split_attention(self):
         return self.split.active() if self.split is not None else nullcontext()
@@ -204,7 +210,7 @@ class DSModel:
         self.engine.eval()
 
         def run(mb: Batch) -> torch.Tensor:
-            with spans.span("forward", self.device, flops=self.forward_flops(mb), grad=False):
+            with spans.span("forward", self.device, flops=self.flops(mb)[0], grad=False):
                 mb = self.on_device(mb)
                 return fn(mb, self(mb)).cpu()
         size = self.cfg.micro_batch_size
@@ -257,7 +263,7 @@ class DSModel:
         for i, mb in enumerate(micro_batches):
             # the last micro-batch is the boundary, however many there are (token budgets vary the count)
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
-            flops = self.forward_flops(mb)  # (common.spans: what the trace and perf/train_mfu count)
+            flops, back = self.flops(mb)  # (common.spans: what the trace and perf/train_mfu count)
             mb = self.on_device(mb)
             with spans.span("forward", self.device, flops=flops):
                 loss, m = loss_fn(mb, self(mb), normalizer)
@@ -265,7 +271,7 @@ class DSModel:
                 loss, routed = self.routers.add_aux_loss(loss, mb.get("attention_mask"), len(mb["input_ids"]) / rows)
                 m = {**m, **routed}
             bad += float(not torch.isfinite(loss.detach()).all())
-            with self._split_attention(), spans.span("backward", self.device, flops=2 * flops):
+            with self._split_attention(), spans.span("backward", self.device, flops=back):
                 self.engine.backward(loss * self.loss_scale, scale_wrt_gas=False)
             if self.device.type == "cpu" and i < len(micro_batches) - 1:
                 return_freed_memory()  # the next micro-batch's activations then reuse these pages, not new ones

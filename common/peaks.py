@@ -7,18 +7,21 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-# name fragment (as torch.cuda.get_device_name has it) -> (16-bit dense tensor FLOP/s, fp32 FLOP/s without TF32,
-# memory bytes/s). Sources: NVIDIA's data sheets: H100 Tensor Core GPU (SXM5 / PCIe / NVL columns), H200 Tensor
-# Core GPU (SXM), A100 Tensor Core GPU (80GB SXM, 80GB PCIe, 40GB), L40S (dense, without sparsity). First match wins.
-GPU_PEAKS: list[tuple[str, tuple[float, float, float]]] = [
-    ("H200", (989e12, 67e12, 4.8e12)),
-    ("H100 NVL", (835e12, 60e12, 3.9e12)),
-    ("H100 PCIe", (756e12, 51e12, 2.0e12)),
-    ("H100", (989e12, 67e12, 3.35e12)),  # SXM5, "NVIDIA H100 80GB HBM3"
-    ("A100-SXM4-80GB", (312e12, 19.5e12, 2.039e12)),
-    ("A100 80GB PCIe", (312e12, 19.5e12, 1.935e12)),
-    ("A100", (312e12, 19.5e12, 1.555e12)),  # 40GB
-    ("L40S", (362e12, 91.6e12, 0.864e12)),
+# name fragments (all in the name torch.cuda.get_device_name / NVML report) -> (16-bit dense tensor FLOP/s, fp32
+# FLOP/s without TF32, memory bytes/s). Sources: NVIDIA's data sheets: H100 Tensor Core GPU (SXM5 / PCIe / NVL
+# columns), H200 Tensor Core GPU (SXM / NVL), GH200 Grace Hopper Superchip (96 GB HBM3; the 144 GB HBM3e one reads
+# 4.9 TB/s), A100 Tensor Core GPU (80GB SXM, 80GB PCIe, 40GB), L40S (dense, without sparsity). First match wins.
+GPU_PEAKS: list[tuple[tuple[str, ...], tuple[float, float, float]]] = [
+    (("GH200",), (989e12, 67e12, 4.0e12)),
+    (("H200", "NVL"), (835e12, 60e12, 4.8e12)),
+    (("H200",), (989e12, 67e12, 4.8e12)),
+    (("H100", "NVL"), (835e12, 60e12, 3.9e12)),
+    (("H100", "PCIe"), (756e12, 51e12, 2.0e12)),
+    (("H100",), (989e12, 67e12, 3.35e12)),  # SXM5, "NVIDIA H100 80GB HBM3"
+    (("A100", "80GB", "PCIe"), (312e12, 19.5e12, 1.935e12)),
+    (("A100", "80GB"), (312e12, 19.5e12, 2.039e12)),  # SXM4
+    (("A100",), (312e12, 19.5e12, 1.555e12)),  # 40GB
+    (("L40S",), (362e12, 91.6e12, 0.864e12)),
 ]
 PROBE_S = 0.25  # each of the CPU's two probes runs about this long
 _measured: dict[str, dict] = {}
@@ -26,8 +29,10 @@ _measured: dict[str, dict] = {}
 
 def gpu_peaks(name: str, dtype: str) -> Optional[dict]:
     """The table's peaks for the GPU called `name` computing in `dtype`, or None for one it does not list."""
-    for fragment, (half, single, memory) in GPU_PEAKS:
-        if fragment in name:
+    if "MIG" in name:  # (a slice of the chip: the whole chip's peaks would flatter nothing and mislead)
+        return None
+    for fragments, (half, single, memory) in GPU_PEAKS:
+        if all(f in name for f in fragments):
             return {"device": name, "flops": single if dtype == "float32" else half, "bytes_s": memory,
                     "source": "data sheet"}
     return None
@@ -55,7 +60,11 @@ def gpu_name() -> Optional[str]:
     if torch.cuda.is_initialized():
         return torch.cuda.get_device_name()
     try:
-        import pynvml
+        try:
+            import pynvml
+        except ImportError:  # (vLLM bundles its own)
+            from vllm.utils.import_utils import import_pynvml
+            pynvml = import_pynvml()
         pynvml.nvmlInit()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
         handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith(("GPU-", "MIG-"))

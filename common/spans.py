@@ -33,6 +33,13 @@ def start(_actor: Any = None) -> bool:
     return True
 
 
+def probe(_actor: Any = None) -> Optional[dict]:
+    """This device's peaks, measured now on a CPU (common.peaks): the driver asks each worker in turn while all are
+    idle, so no probe competes with another for the cores."""
+    from common.peaks import device_peaks
+    return device_peaks(matmul_dtype)
+
+
 def _cuda(device) -> bool:
     return device is not None and getattr(device, "type", device) == "cuda"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from common.flops import ModelShape, decode_bytes, forward_flops
+from common.flops import ModelShape, decode_bytes, forward_parts
 
 
 def covered(intervals: list[tuple[float, float]]) -> float:
@@ -20,21 +20,24 @@ def covered(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def generate_work(outputs: list, shape: Optional[ModelShape], devices: int) -> dict:
-    """A generate call's work from vLLM's RequestOutputs (`devices`: the engine's tensor-parallel workers)."""
+def generate_work(outputs: list, shape: Optional[ModelShape], devices: int, computed: int) -> dict:
+    """A generate call's work from vLLM's RequestOutputs (`devices`: the engine's tensor-parallel workers;
+    `computed`: the prompt tokens its counters say it computed meanwhile: with n samples a prompt, each sample is a
+    request of its own, and an output's `num_cached_tokens` is one of theirs)."""
     prompts = [len(o.prompt_token_ids) for o in outputs]
-    cached = [o.num_cached_tokens or 0 for o in outputs]
     contexts = [(len(o.prompt_token_ids), len(c.token_ids)) for o in outputs for c in o.outputs]
-    work = {"prefill_tokens": sum(prompts) - sum(cached), "generated": sum(c for _, c in contexts),
-            "sequences": len(contexts), "devices": devices}
+    work = {"prefill_tokens": computed, "generated": sum(c for _, c in contexts), "sequences": len(contexts),
+            "devices": devices}
     stats = [o.metrics for o in outputs if getattr(o.metrics, "first_token_ts", 0.0) > 0]
     if shape is None or not stats:
         return work
     prefill = covered([(m.scheduled_ts, m.first_token_ts) for m in stats])
     busy = covered([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats])
     steps = max((c for _, c in contexts), default=1) - 1  # (at least: all sequences stepped together)
-    return {**work, "prefill_s": prefill, "decode_s": max(busy - prefill, 0.0),
-            "prefill_flops": forward_flops(shape, prompts, cached),
+    # attention as if each prompt were computed once, whole; the matmuls for the tokens the counters saw
+    _, attention = forward_parts(shape, prompts)
+    matmul = 2 * shape.matmul_params * computed + 2 * shape.head_params * len(contexts)  # (logits: a sample's last)
+    return {**work, "prefill_s": prefill, "decode_s": max(busy - prefill, 0.0), "prefill_flops": matmul + attention,
             "decode_bytes": decode_bytes(shape, steps, contexts)}
 
 

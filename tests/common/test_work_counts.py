@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common import spans
-from common.flops import decode_bytes, forward_flops, model_shape
+from common.flops import backward_flops, decode_bytes, forward_flops, forward_parts, model_shape
 from common.peaks import cpu_probe, gpu_peaks
 from rlhf.outputs.worker_spans import perf_metrics
 from rollout.engines.work import covered, generate_work, phase_spans
@@ -41,11 +41,21 @@ def test_a_mixture_of_experts_counts_its_routed_share_and_a_decode_reads_weights
     numels = [("model.embed_tokens.weight", 800), ("model.layers.0.mlp.experts.0.up.weight", 400),
               ("model.layers.0.self_attn.q_proj.weight", 64), ("lm_head.weight", 800)]
     shape = model_shape(config, numels, weight_bytes=1000.0, cache_bytes=2)
-    assert shape.matmul_params == 100 + 64 + 800  # (the embedding a lookup, a quarter of the experts)
+    assert (shape.matmul_params, shape.head_params) == (100 + 64, 800)  # (the embedding a lookup, a quarter of
+    # the experts); the head only where logits are computed, and a frozen base's backward only for its inputs
+    assert forward_flops(shape, [5], logits=[1]) == forward_flops(shape, [5]) - 2 * 800 * 4
+    matmul, attention = forward_parts(shape, [5])
+    assert backward_flops(matmul, attention) == 2 * (matmul + attention)
+    assert backward_flops(matmul, attention, trainable=0.01) == pytest.approx(2 * attention + 1.01 * matmul)
     assert shape.kv_bytes_per_token == 2 * 2 * 1 * 4 * 2  # (k and v, layers, kv heads, head dim, bytes)
     # one sequence: prompt 3, 4 tokens generated, 3 of them by decode steps reading 4, 5 and 6 cached tokens
     assert decode_bytes(shape, 3, [(3, 4)]) == 3 * 1000.0 + (4 + 5 + 6) * shape.kv_bytes_per_token
     assert model_shape({"n_layer": 2}, [], 0.0, 2) is None  # (a config without the usual names: nothing counted)
+    assert model_shape(None, [], 0.0, 2) is None  # (a module without a config)
+    tied_outside = {"text_config": {k: v for k, v in config.items() if k != "tie_word_embeddings"},
+                    "tie_word_embeddings": True}  # (a multimodal config: tying said on the outer one)
+    shape = model_shape(tied_outside, numels[:3] + [("model.vision_tower.proj.weight", 999)], 0.0, 2)
+    assert (shape.matmul_params, shape.head_params) == (164, 800)  # (the tower's weights meet no text token)
 
 
 def test_the_device_table_and_the_cpu_probe():
@@ -54,6 +64,10 @@ def test_the_device_table_and_the_cpu_probe():
     assert gpu_peaks("NVIDIA H200", "float32")["flops"] == 67e12
     assert gpu_peaks("NVIDIA A100-SXM4-40GB", "bfloat16")["bytes_s"] == 1.555e12
     assert gpu_peaks("NVIDIA GeForce GTX 1080", "bfloat16") is None
+    assert gpu_peaks("NVIDIA H200 NVL", "bfloat16")["flops"] == 835e12
+    assert gpu_peaks("NVIDIA GH200 480GB", "bfloat16")["bytes_s"] == 4.0e12
+    assert gpu_peaks("NVIDIA A100-SXM-80GB", "bfloat16")["bytes_s"] == 2.039e12
+    assert gpu_peaks("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bfloat16") is None  # (a slice: not the chip's peaks)
     probe = cpu_probe("float32", seconds=0.05)
     assert probe["source"] == "probe" and probe["flops"] > 1e8 and probe["bytes_s"] > 1e8
 
@@ -94,6 +108,7 @@ def test_utilisation_is_the_work_over_the_peak_seconds_it_had():
     assert perf["perf/prefill_mfu"] == pytest.approx(50 / (1.0 * 100 * 2))
     assert perf["perf/decode_bw_util"] == pytest.approx(30 / (2.0 * 10 * 2))
     assert "perf/reward_model_mfu" not in perf  # (a device without peaks)
+    assert perf["perf/rollout_engine_peak_tflops"] == 1e-10 and perf["perf/policy_trainer_peak_gb_s"] == 1e-8
 
 
 def test_a_generate_calls_prefill_and_decode_seconds_come_from_vllms_request_times():
@@ -102,10 +117,12 @@ def test_a_generate_calls_prefill_and_decode_seconds_come_from_vllms_request_tim
              SimpleNamespace(scheduled_ts=10.0, first_token_ts=10.4, last_token_ts=12.0)]
     outputs = [SimpleNamespace(prompt_token_ids=[1] * 6, num_cached_tokens=2, metrics=m,
                                outputs=[SimpleNamespace(token_ids=[7] * n)]) for m, n in zip(stats, (9, 4))]
-    shape = model_shape({"num_hidden_layers": 1, "hidden_size": 4, "num_attention_heads": 1}, [("w", 16)], 64.0, 4)
-    work = generate_work(outputs, shape, devices=1)
+    shape = model_shape({"num_hidden_layers": 1, "hidden_size": 4, "num_attention_heads": 1},
+                        [("w", 16), ("lm_head.weight", 40)], 64.0, 4)
+    work = generate_work(outputs, shape, devices=1, computed=8)  # (the engine's counters: prompt tokens computed)
     assert work["prefill_tokens"] == 8 and work["generated"] == 13 and work["sequences"] == 2
     assert work["prefill_s"] == pytest.approx(0.5) and work["decode_s"] == pytest.approx(3.5)
-    assert work["prefill_flops"] == forward_flops(shape, [6, 6], [2, 2])
+    # the matmuls for the 8 tokens computed, logits for each prompt's last, attention over each whole prompt once
+    assert work["prefill_flops"] == 2 * 16 * 8 + 2 * 40 * 2 + forward_parts(shape, [6, 6])[1]
     assert work["decode_bytes"] == decode_bytes(shape, 8, [(6, 9), (6, 4)])
     assert phase_spans(outputs, clock_offset=100.0) == [("prefill", 110.0, 110.5), ("decode", 110.5, 114.0)]
