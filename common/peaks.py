@@ -53,12 +53,26 @@ def device_peaks(dtype: str) -> Optional[dict]:
 def gpu_name() -> Optional[str]:
     """This process's GPU's name, without starting CUDA in a process that has not (an engine's host, whose engine
     core runs in a child: a CUDA context would take its memory): then NVML's, for the first visible device."""
-    import os
-
     import torch
 
     if torch.cuda.is_initialized():
         return torch.cuda.get_device_name()
+    nvml, handle = _nvml_device()
+    if handle is None:
+        return None
+    name = nvml.nvmlDeviceGetName(handle)
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def gpu_memory() -> Optional[int]:
+    """The first visible GPU's memory in bytes (NVML's: no CUDA context), None where there is none."""
+    nvml, handle = _nvml_device()
+    return None if handle is None else int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
+
+
+def _nvml_device():
+    """(NVML, the first visible device's handle), or (None, None) without NVML or a device."""
+    import os
     try:
         try:
             import pynvml
@@ -67,12 +81,13 @@ def gpu_name() -> Optional[str]:
             pynvml = import_pynvml()
         pynvml.nvmlInit()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        if visible == "" or visible == "-1":
+            return None, None
         handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith(("GPU-", "MIG-"))
-                  else pynvml.nvmlDeviceGetHandleByIndex(int(visible or 0)))
-        name = pynvml.nvmlDeviceGetName(handle)
-        return name.decode() if isinstance(name, bytes) else name
-    except Exception:  # noqa: BLE001 — no NVML, or a device it does not know: no peaks, said in the docs
-        return None
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(visible)))
+        return pynvml, handle
+    except Exception:  # noqa: BLE001 — no NVML, or a device it does not know: nothing to say about it
+        return None, None
 
 
 def cpu_probe(dtype: str, seconds: float = PROBE_S) -> dict:

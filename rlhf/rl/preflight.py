@@ -9,6 +9,7 @@ from typing import Optional
 from common.errors import UserError
 from rlhf.config import RunConfig
 from rlhf.config.problems import Problems
+from rlhf.rl.engine_fit import check_engine_memory
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -23,7 +24,10 @@ def problems(cfg: RunConfig) -> list[str]:
     check_user_code(cfg, p)
     check_gpu_software(cfg, p)
     check_sequence_split(cfg, p)
+    before = len(p.found)
     check_engine_split(cfg, p)
+    if len(p.found) == before:  # (an engine that cannot split has no memory to weigh)
+        check_engine_memory(cfg, p, model_config(cfg) if cfg.placement.num_gpus else None)
     return p.found
 
 
