@@ -162,15 +162,15 @@ class DSModel:
         return PackedOutput(unpack_rows(out.logits, where, *mb["input_ids"].shape))
 
     def flops(self, mb: Batch) -> tuple[float, float]:
-        """(forward, backward) FLOPs over this micro-batch's rows on this rank (common.flops; logits only at trained
-        positions where the model trims them; 0 while nothing records)."""
+        """(forward, backward) FLOPs of this micro-batch on this rank (common.flops; 0 while nothing records); the
+        head at trained positions where the model skips the others (deferred, or trimmed and unpacked)."""
         if not spans.recording():
             return 0.0, 0.0
         if self.shape is False:
             sizes = [(n, getattr(p, "ds_numel", p.numel()), p.requires_grad) for n, p in self.module.named_parameters()]
             self.shape = model_shape(getattr(self.module, "config", None), [(n, k) for n, k, _ in sizes], 0.0, 0)
             self.trainable = sum(k for _, k, t in sizes if t) / max(sum(k for _, k, _ in sizes), 1)
-        trims = (self.trims_logits or self.head is not None) and "loss_mask" in mb
+        trims = (self.head is not None or (self.trims_logits and not self.packing)) and "loss_mask" in mb
         matmul, attention = forward_parts(self.shape, mb["attention_mask"].sum(1).tolist(),
                                           logits=mb["loss_mask"].sum(1).tolist() if trims else None)
         share = self.cfg.sequence_parallel_size  # (each rank of a sequence-parallel group computes its share)

@@ -34,8 +34,10 @@ def generate_work(outputs: list, shape: Optional[ModelShape], devices: int, comp
     prefill = covered([(m.scheduled_ts, m.first_token_ts) for m in stats])
     busy = covered([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats])
     steps = max((c for _, c in contexts), default=1) - 1  # (at least: all sequences stepped together)
-    # attention as if each prompt were computed once, whole; the matmuls for the tokens the counters saw
+    # the matmuls for the tokens the counters saw; attention over each prompt whole, as many times over as they say
+    # the prompts were computed (n samples scheduled together miss each other's cache; a cached prefix is not)
     _, attention = forward_parts(shape, prompts)
+    attention *= computed / max(sum(prompts), 1)
     matmul = 2 * shape.matmul_params * computed + 2 * shape.head_params * len(contexts)  # (logits: a sample's last)
     return {**work, "prefill_s": prefill, "decode_s": max(busy - prefill, 0.0), "prefill_flops": matmul + attention,
             "decode_bytes": decode_bytes(shape, steps, contexts)}

@@ -122,7 +122,7 @@ def test_a_generate_calls_prefill_and_decode_seconds_come_from_vllms_request_tim
     work = generate_work(outputs, shape, devices=1, computed=8)  # (the engine's counters: prompt tokens computed)
     assert work["prefill_tokens"] == 8 and work["generated"] == 13 and work["sequences"] == 2
     assert work["prefill_s"] == pytest.approx(0.5) and work["decode_s"] == pytest.approx(3.5)
-    # the matmuls for the 8 tokens computed, logits for each prompt's last, attention over each whole prompt once
-    assert work["prefill_flops"] == 2 * 16 * 8 + 2 * 40 * 2 + forward_parts(shape, [6, 6])[1]
+    # the matmuls for the 8 tokens computed, logits for each sample's last, attention for 8 of the 12 prompt tokens
+    assert work["prefill_flops"] == 2 * 16 * 8 + 2 * 40 * 2 + forward_parts(shape, [6, 6])[1] * 8 / 12
     assert work["decode_bytes"] == decode_bytes(shape, 8, [(6, 9), (6, 4)])
     assert phase_spans(outputs, clock_offset=100.0) == [("prefill", 110.0, 110.5), ("decode", 110.5, 114.0)]
