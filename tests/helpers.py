@@ -77,8 +77,9 @@ def session_ray() -> str:
 
 def check_trace(run_dir, rows: list) -> None:
     """logging.trace on a finished RL run: its trace parses, with a track for the driver, the steps, and each engine
-    and trainer; each step's phases sum to its wall time within 5% and the driver's spans agree with `time/*`; the
-    busy fractions are fractions."""
+    and trainer; each step's phases sum to its wall time within 5% (or 50 ms: a tiny recipe's step of under a second,
+    beside the rest of the suite, loses that much to the driver's own bookkeeping) and the driver's spans agree with
+    `time/*`; the busy fractions are fractions."""
     from common.timeline import DRIVER, STEPS, read_trace
     events = read_trace(os.path.join(str(run_dir), "trace.json"))
     tracks = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -92,8 +93,9 @@ def check_trace(run_dir, rows: list) -> None:
         inside = [e for e in spans if lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1e3 and e is not step]
         driver = sum(e["dur"] for e in inside if tracks[e["tid"]] == DRIVER) / 1e6
         phases = row["time/step"] - row["time/other"]
-        assert row["time/other"] <= 0.05 * row["time/step"], row
-        assert abs(driver - phases) <= 0.05 * row["time/step"], (driver, phases)
+        slack = max(0.05 * row["time/step"], 0.05)
+        assert row["time/other"] <= slack, row
+        assert abs(driver - phases) <= slack, (driver, phases)
         assert all(0.0 <= v <= 1.0 for k, v in row.items() if k.startswith("util/") and k != "util/workers")
     check_worker_spans(spans, tracks, rows)
 
