@@ -24,7 +24,7 @@ GPU_PEAKS: list[tuple[tuple[str, ...], tuple[float, float, float]]] = [
     (("L40S",), (362e12, 91.6e12, 0.864e12)),
 ]
 PROBE_S = 0.25  # each of the CPU's two probes runs about this long
-_measured: dict[str, dict] = {}
+_measured: dict[str, Optional[dict]] = {}
 
 
 def gpu_peaks(name: str, dtype: str) -> Optional[dict]:
@@ -42,11 +42,12 @@ def device_peaks(dtype: str) -> Optional[dict]:
     """This process's device: its table row on a GPU (None if unlisted), else the CPU's probe in `dtype`."""
     import torch
 
-    if torch.cuda.is_available():
-        name = gpu_name()
-        return gpu_peaks(name, dtype) if name else None
-    if dtype not in _measured:
-        _measured[dtype] = cpu_probe(dtype)
+    if dtype not in _measured:  # (once a process: a GPU's name from NVML, or the CPU's probe)
+        if torch.cuda.is_available():
+            name = gpu_name()
+            _measured[dtype] = gpu_peaks(name, dtype) if name else None
+        else:
+            _measured[dtype] = cpu_probe(dtype)
     return _measured[dtype]
 
 

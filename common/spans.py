@@ -122,8 +122,6 @@ def sum_args(spans: list[tuple], names: tuple[str, ...], key: str) -> float:
     return float(sum(args.get(key, 0.0) for name, _, _, args in spans if name in names))
 
 
-def seconds(spans: list[tuple], names: tuple[str, ...], key: Optional[str] = None) -> float:
-    """Seconds in spans named `names` (or, with `key`, the seconds their args give under `key`)."""
-    if key is not None:
-        return sum_args(spans, names, key)
+def seconds(spans: list[tuple], names: tuple[str, ...]) -> float:
+    """Seconds in spans named `names`."""
     return float(sum(end - begin for name, begin, end, _ in spans if name in names))

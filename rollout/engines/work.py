@@ -8,16 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from common.flops import ModelShape, decode_bytes, forward_parts
-
-
-def covered(intervals: list[tuple[float, float]]) -> float:
-    """Seconds covered by at least one of `intervals`."""
-    total, last = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > max(start, last):
-            total += end - max(start, last)
-            last = end
-    return total
+from common.timeline import union_seconds
 
 
 def generate_work(outputs: list, shape: Optional[ModelShape], devices: int, computed: int) -> dict:
@@ -31,8 +22,9 @@ def generate_work(outputs: list, shape: Optional[ModelShape], devices: int, comp
     stats = [o.metrics for o in outputs if getattr(o.metrics, "first_token_ts", 0.0) > 0]
     if shape is None or not stats:
         return work
-    prefill = covered([(m.scheduled_ts, m.first_token_ts) for m in stats])
-    busy = covered([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats])
+    everywhere = (float("-inf"), float("inf"))
+    prefill = union_seconds([(m.scheduled_ts, m.first_token_ts) for m in stats], *everywhere)
+    busy = union_seconds([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats], *everywhere)
     steps = max((c for _, c in contexts), default=1) - 1  # (at least: all sequences stepped together)
     # the matmuls for the tokens the counters saw; attention over each prompt whole, as many times over as they say
     # the prompts were computed (n samples scheduled together miss each other's cache; a cached prefix is not)

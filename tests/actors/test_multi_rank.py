@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from actors.policy import PolicyTrainer
+from common import spans
 from common.batch import pack_sequences
 from rlhf.config import AlgorithmConfig, TrainerConfig
 
@@ -41,6 +42,7 @@ def test_zero3_ranks_with_different_head_chunks_or_nothing_to_train_finish_and_m
         def small_chunks(trainer):
             trainer.ds.head.chunk_rows = 16  # what a 152k vocabulary's 256 MiB gives is 441
         ray_local.get([a.__ray_call__.remote(small_chunks) for a in group.actors], timeout=60)
+        ray_local.get([a.__ray_call__.remote(spans.start) for a in group.actors], timeout=60)  # (logging.trace)
         single.ds.head.chunk_rows = 16
         for first_rank_trains in (3, 0):  # 1 chunk against 3; none against 3
             batch = rows(first_rank_trains)
@@ -54,6 +56,9 @@ def test_zero3_ranks_with_different_head_chunks_or_nothing_to_train_finish_and_m
             weights = dict(ray_local.get([a.export_weights.remote() for a in group.actors], timeout=120)[0])
             for name, w in single.iter_weights():
                 assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+            # each rank recorded its own update, the one with nothing to train too (common.spans: no collective)
+            taken = ray_local.get([a.__ray_call__.remote(spans.take) for a in group.actors], timeout=120)
+            assert all({"update", "forward", "backward", "optimizer"} <= {s[0] for s in t["spans"]} for t in taken)
     finally:
         group.kill()
 

@@ -11,7 +11,7 @@ from common import spans
 from common.flops import backward_flops, decode_bytes, forward_flops, forward_parts, model_shape
 from common.peaks import cpu_probe, gpu_peaks
 from rlhf.outputs.worker_spans import perf_metrics
-from rollout.engines.work import covered, generate_work, phase_spans
+from rollout.engines.work import generate_work, phase_spans
 
 
 def test_a_forwards_flops_are_what_torch_counts_on_the_model(tiny_model_dir):
@@ -112,7 +112,6 @@ def test_utilisation_is_the_work_over_the_peak_seconds_it_had():
 
 
 def test_a_generate_calls_prefill_and_decode_seconds_come_from_vllms_request_times():
-    assert covered([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
     stats = [SimpleNamespace(scheduled_ts=10.0, first_token_ts=10.5, last_token_ts=14.0),
              SimpleNamespace(scheduled_ts=10.0, first_token_ts=10.4, last_token_ts=12.0)]
     outputs = [SimpleNamespace(prompt_token_ids=[1] * 6, num_cached_tokens=2, metrics=m,
