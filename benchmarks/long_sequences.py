@@ -114,6 +114,14 @@ def split_of(path: str) -> int:
     return int(found[1]) if found else 1
 
 
+def planned(planner, rows: int, batch) -> str:
+    """The micro-batching the step ran: `rows`, or the rows the plan's token budget takes a micro-batch (at most
+    `rows`; trainer.plan_memory), and `gc` where it checkpointed."""
+    width = int(batch["input_ids"].shape[1])
+    took = rows if planner is None or planner.tokens is None else min(rows, max(1, planner.tokens // width))
+    return f"{took} row{'s' * (took != 1)}" + (" gc" if planner is not None and planner.checkpointing else "")
+
+
 def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1,
                 rank: int = 0, port: int = 0) -> dict:
     """In this process: `repeats` rl_steps and reference passes of the group; the median seconds and the largest
@@ -141,16 +149,25 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
                             master_port=port or None)
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
+    plan = planned(trainer.ds.planner, rows, batch)
     del trainer
     if split_of(path) > 1:
-        return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
-                    step_total_gib=max(p.top for p in steps) / 2**30, ref_s=float("nan"), ref_gib=float("nan"))
+        return dict(plan=plan, step_s=statistics.median(p.seconds for p in steps),
+                    step_gib=max(p.extra for p in steps) / 2**30, step_total_gib=max(p.top for p in steps) / 2**30,
+                    ref_s=float("nan"), ref_gib=float("nan"))
     reference = ReferenceModel(folder, "bfloat16", micro_batch_size=rows, chunked_logprobs=chunked,
                                max_tokens_per_micro_batch=tr.max_tokens_per_micro_batch)
     refs = peaks(functools.partial(reference.compute_logprobs, batch), repeats)
-    return dict(step_s=statistics.median(p.seconds for p in steps), step_gib=max(p.extra for p in steps) / 2**30,
-                step_total_gib=max(p.top for p in steps) / 2**30,
+    return dict(plan=plan, step_s=statistics.median(p.seconds for p in steps),
+                step_gib=max(p.extra for p in steps) / 2**30, step_total_gib=max(p.top for p in steps) / 2**30,
                 ref_s=statistics.median(p.seconds for p in refs), ref_gib=max(p.extra for p in refs) / 2**30)
+
+
+def rank_env(env: dict, rank: int, ranks: int) -> dict:
+    """Rank `rank` of a split step on a GPU of its own where the machine has one for each rank (NCCL refuses two ranks
+    on one GPU); on CPU the environment as it is."""
+    import torch
+    return dict(env, CUDA_VISIBLE_DEVICES=str(rank)) if 1 < ranks <= torch.cuda.device_count() else env
 
 
 def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1,
@@ -165,7 +182,7 @@ def run_one(model: str, completion: int, group: int, path: str, cap: float, grou
     env = dict(os.environ, PYTHONPATH=python_path(ROOT), OMP_NUM_THREADS=threads)
     procs = [subprocess.Popen([sys.executable, "-c", "import json; from benchmarks.long_sequences import measure_one; "
                                f"print('ROW ' + json.dumps(measure_one({model!r}, {completion}, {group}, {path!r}, "
-                               f"{groups}, {repeats}, {rank}, {port})))"], cwd=ROOT, env=env,
+                               f"{groups}, {repeats}, {rank}, {port})))"], cwd=ROOT, env=rank_env(env, rank, ranks),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(ranks)]
     over = False
     while any(p.poll() is None for p in procs) and not over:
@@ -211,13 +228,13 @@ def main() -> None:
                 print(json.dumps(dict(model=model, completion=length, path=path, **r)), flush=True)
                 base = next(iter(got.values()))  # the first path is the baseline (today's: full)
                 if "failed" in r:
-                    table.append([model, length, path, r["failed"], "", "", "", "", ""])
+                    table.append([model, length, path, "-", r["failed"], "", "", "", "", ""])
                     continue
                 ratio = (f"{r['step_s'] / base['step_s']:.2f} / {r['step_gib'] / max(base['step_gib'], 1e-9):.2f}"
                          if "step_s" in base else "-")
-                table.append([model, length, path, r["step_s"], r["step_gib"], r["step_total_gib"], r["ref_s"],
-                              r["ref_gib"], ratio])
-    print_table(["model", "completion tokens", "log-probs", "train step s", "step peak extra GiB",
+                table.append([model, length, path, r.get("plan", "-"), r["step_s"], r["step_gib"],
+                              r["step_total_gib"], r["ref_s"], r["ref_gib"], ratio])
+    print_table(["model", "completion tokens", "log-probs", "micro-batches", "train step s", "step peak extra GiB",
                  "trainer process peak GiB", "reference s",
                  "reference peak extra GiB", "step s / GiB vs the first"], table)
 
