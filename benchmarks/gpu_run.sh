@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole GPU check as one device call of at most 8 minutes, 12 with two GPUs (../shared/device/README.md):
+# The whole GPU check as one device call of at most 8 minutes (../shared/device/README.md):
 #   bash ../shared/device/make-wheels.sh                                          # here, once: wheels into .whl/
 #   run(command="bash benchmarks/gpu_run.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash benchmarks/gpu_run.sh sp", carry=[".whl"], timeout_s=300)  # two GPUs or more: its own call
 # Each part writes its rows to $OUT as it finishes them (gpu_check.json, the logs), so a part cut by its time limit
 # still leaves what it measured. tests/benchmarks/test_device_script.py rehearses this script's import path on CPU
 # (packages on PYTHONPATH, an interpreter without the project's venv). vLLM is not on the device (its CUDA wheel is
@@ -14,7 +15,7 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1  # Ray keeps its token authentication (its default)
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-PARTS=${1:-check,long,sp}
+PARTS=${1:-check,long}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 # ZeRO-2/ZeRO-3 steps (ZeRO-3's FusedAdam is built here first, ~1-2 min), CUDA IPC and hybrid syncs, the rules
 if [[ ,$PARTS, == *,check,* ]]; then
@@ -27,10 +28,10 @@ if [[ ,$PARTS, == *,long,* ]]; then
     --paths full,chunked,chunked+gc \
     2>&1 | tee "$OUT/long_sequences.log" || true
 fi
-# sequence parallelism at 32k (#62): one completion split over 2 ranks against one rank, a GPU a rank; the lent kinds
-# have one GPU, and NCCL refuses two ranks on one, so there this part says so and measures nothing
+# sequence parallelism at 32k (#62): one completion split over 2 ranks against one rank, a GPU a rank (whole GPUs
+# counted, not MIG slices). The lent kinds have one GPU and NCCL refuses two ranks on one: there it measures nothing.
 if [[ ,$PARTS, == *,sp,* ]]; then
-  gpus=$(nvidia-smi -L | wc -l)
+  gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
   if (( gpus >= 2 )); then
     timeout 240 python3 benchmarks/long_sequences.py --models tiny-152k --lengths 32768 --group 1 \
       --paths chunked+gc,chunked+gc+sp2 2>&1 | tee "$OUT/sequence_parallel.log" || true

@@ -114,12 +114,16 @@ def split_of(path: str) -> int:
     return int(found[1]) if found else 1
 
 
-def planned(planner, rows: int, batch) -> str:
-    """The micro-batching the step ran: `rows`, or the rows the plan's token budget takes a micro-batch (at most
-    `rows`; trainer.plan_memory), and `gc` where it checkpointed."""
-    width = int(batch["input_ids"].shape[1])
-    took = rows if planner is None or planner.tokens is None else min(rows, max(1, planner.tokens // width))
-    return f"{took} row{'s' * (took != 1)}" + (" gc" if planner is not None and planner.checkpointing else "")
+def planned(planner, tr, batch) -> str:
+    """The micro-batches the step ran, as their rows (`6+6+4 rows`), cut as the trainer cuts them (a token budget:
+    the plan's, trainer.plan_memory, or trainer.max_tokens_per_micro_batch), and `gc` where it checkpointed."""
+    from actors.batching.packing import micro_batches_needed, token_budget_groups
+    lengths = batch["attention_mask"].sum(1).tolist()
+    budget = planner.tokens if planner is not None and planner.tokens is not None else tr.max_tokens_per_micro_batch
+    sizes = ([len(g) for g in token_budget_groups(lengths, micro_batches_needed(lengths, budget))] if budget
+             else [min(tr.micro_batch_size, len(lengths))])
+    gc = tr.gradient_checkpointing or (planner is not None and planner.checkpointing)
+    return "+".join(map(str, sizes)) + f" row{'s' * (sum(sizes) != 1)}" + (" gc" if gc else "")
 
 
 def measure_one(model: str, completion: int, group: int, path: str, groups: int = 1, repeats: int = 1,
@@ -149,7 +153,7 @@ def measure_one(model: str, completion: int, group: int, path: str, groups: int 
                             master_port=port or None)
     batch = group_batch(trainer.model.config.vocab_size, completion, group, groups)
     steps = peaks(functools.partial(trainer.rl_step, batch, AlgorithmConfig()), repeats)
-    plan = planned(trainer.ds.planner, rows, batch)
+    plan = planned(trainer.ds.planner, tr, batch)
     del trainer
     if split_of(path) > 1:
         return dict(plan=plan, step_s=statistics.median(p.seconds for p in steps),
@@ -167,7 +171,10 @@ def rank_env(env: dict, rank: int, ranks: int) -> dict:
     """Rank `rank` of a split step on a GPU of its own where the machine has one for each rank (NCCL refuses two ranks
     on one GPU); on CPU the environment as it is."""
     import torch
-    return dict(env, CUDA_VISIBLE_DEVICES=str(rank)) if 1 < ranks <= torch.cuda.device_count() else env
+    if not 1 < ranks <= torch.cuda.device_count():
+        return env
+    seen = env.get("CUDA_VISIBLE_DEVICES")  # (a parent limited to some GPUs: the rank's is the rank-th of those)
+    return dict(env, CUDA_VISIBLE_DEVICES=seen.split(",")[rank] if seen else str(rank))
 
 
 def run_one(model: str, completion: int, group: int, path: str, cap: float, groups: int = 1,
