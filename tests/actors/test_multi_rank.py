@@ -55,7 +55,12 @@ def test_zero3_ranks_with_different_head_chunks_or_nothing_to_train_finish_and_m
             assert metrics[0]["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-4)
             weights = dict(ray_local.get([a.export_weights.remote() for a in group.actors], timeout=120)[0])
             for name, w in single.iter_weights():
-                assert torch.allclose(weights[name], w, atol=1e-5, rtol=0), (name, (weights[name] - w).abs().max())
+                off = (weights[name] - w).abs()
+                # Adam moves a weight by about lr whatever the size of its gradient, so an element whose gradient is
+                # near the rounding of the reductions (two ranks sum in another order than one process; the order
+                # also differs between CPUs) can land anywhere within lr: one such element of 8192 was seen on an
+                # AMD EPYC. A gradient lost or doubled would move many.
+                assert off.max() <= TR.lr and int((off > 1e-5).sum()) <= off.numel() // 4096, (name, off.max())
             # each rank recorded its own update, the one with nothing to train too (common.spans: no collective)
             taken = ray_local.get([a.__ray_call__.remote(spans.take) for a in group.actors], timeout=120)
             assert all({"update", "forward", "backward", "optimizer"} <= {s[0] for s in t["spans"]} for t in taken)
