@@ -87,6 +87,7 @@ def forward_parts(shape: Optional[ModelShape], lengths: Sequence[int], cached: S
 
 def forward_flops(shape: Optional[ModelShape], lengths: Sequence[int], cached: Sequence[int] = (),
                   logits: Optional[Sequence[int]] = None) -> float:
+    """forward_parts' two, summed."""
     return sum(forward_parts(shape, lengths, cached, logits))
 
 

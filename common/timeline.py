@@ -130,8 +130,9 @@ def read_trace(path: str) -> list[dict]:
     return events
 
 
-def union_seconds(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one of `intervals`."""
+def union_seconds(intervals: list[tuple[float, float]], lo: float = float("-inf"),
+                  hi: float = float("inf")) -> float:
+    """Seconds of [lo, hi] (everywhere, without them) covered by at least one of `intervals`."""
     covered, last = 0.0, lo
     for start, end in sorted((max(s, lo), min(e, hi)) for s, e in intervals):
         if end <= max(start, last):  # (outside [lo, hi], or covered already)

@@ -15,9 +15,7 @@ from common import spans, timeline
 
 FIRST_S = 0.5  # how long a step's end waits for the first worker's spans
 QUIET_S = 0.05  # and then for each next one: a worker that takes longer is busy, its spans join a later step
-
-
-PROBE_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 30.0  # for each worker's peaks, before the first step
 
 
 class WorkerSpans:

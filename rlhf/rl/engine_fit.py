@@ -19,7 +19,7 @@ WORKSET = 1.5 * GIB  # vLLM's own beside weights and cache (activations at its p
 # estimate, used only to choose what to suggest, never to refuse
 SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes suggested (within one node)
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-FLOATS = {"F32", "F16", "BF16"}
+STORED = {"F32": 4, "F16": 2, "BF16": 2}  # safetensors' names of the floating dtypes an engine casts
 
 
 def weight_bytes(folder: str, dtype: str, quantized: bool) -> Optional[float]:
@@ -40,7 +40,8 @@ def weight_bytes(folder: str, dtype: str, quantized: bool) -> Optional[float]:
             if name == "__metadata__":
                 continue
             stored = t["data_offsets"][1] - t["data_offsets"][0]
-            total += stored if quantized or t["dtype"] not in FLOATS else stored * BYTES[dtype] / _size(t["dtype"])
+            floating = not quantized and t["dtype"] in STORED
+            total += stored * BYTES[dtype] / STORED[t["dtype"]] if floating else stored
     return total
 
 
@@ -48,10 +49,6 @@ def _header(path: str) -> dict:
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         return json.loads(f.read(n))
-
-
-def _size(dtype: str) -> int:
-    return {"F32": 4, "F16": 2, "BF16": 2}[dtype]
 
 
 def cache_per_token(config, tp: int, cache_bytes: int) -> Optional[float]:

@@ -138,10 +138,10 @@ class VLLMEngine:
                   for i in range(len(prompts))]
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         with spans.span("generate") as work:  # (common.spans: the run's timeline, logging.trace)
-            before = vllm_counts(self.llm).prefill if spans.recording() else 0
+            before = self.kept.other  # (the prompt tokens vLLM computed for calls like this one: KeptRequests counts)
             outputs = self.kept.generate(inputs, params, self.lora_request)  # (beside samples generated ahead)
             if spans.recording():
-                computed = vllm_counts(self.llm).prefill - before
+                computed = self.kept.other - before
                 work.update(generate_work(outputs, self.model_shape(), self.tensor_parallel_size, computed))
                 for name, start, end in phase_spans(outputs, time.time() - time.monotonic()):
                     spans.add(name, start, end)

@@ -22,9 +22,8 @@ def generate_work(outputs: list, shape: Optional[ModelShape], devices: int, comp
     stats = [o.metrics for o in outputs if getattr(o.metrics, "first_token_ts", 0.0) > 0]
     if shape is None or not stats:
         return work
-    everywhere = (float("-inf"), float("inf"))
-    prefill = union_seconds([(m.scheduled_ts, m.first_token_ts) for m in stats], *everywhere)
-    busy = union_seconds([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats], *everywhere)
+    prefill = union_seconds([(m.scheduled_ts, m.first_token_ts) for m in stats])
+    busy = union_seconds([(m.scheduled_ts, max(m.last_token_ts, m.first_token_ts)) for m in stats])
     steps = max((c for _, c in contexts), default=1) - 1  # (at least: all sequences stepped together)
     # the matmuls for the tokens the counters saw; attention over each prompt whole, as many times over as they say
     # the prompts were computed (n samples scheduled together miss each other's cache; a cached prefix is not)
